@@ -1,0 +1,101 @@
+"""Builds a local Hugging Face checkpoint for a CPU recipe. Runs with the image's Python, not the cookbook's.
+
+This file is executed as a script by `cookbook.models` inside the CPU image's environment (it needs torch
+and transformers, which the cookbook's own environment never has). It imports nothing from `cookbook`.
+
+    python _prepare_model.py smollm2-135m-instruct OUT_DIR --gguf FILE
+    python _prepare_model.py tiny-qwen3-next OUT_DIR --tokenizer-from SMOLLM2_DIR
+
+Both are deterministic: the GGUF file is a pinned package's, the tiny hybrid's weights come from a fixed seed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize the GGUF file into a bf16 safetensors checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.bfloat16)
+    # A GGUF-loaded model refuses to save while it still carries its quantizer ("not serializable").
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def generate_tiny_qwen3_next(out: Path, tokenizer_from: Path, seed: int) -> None:
+    """A 16M-parameter Qwen3-Next (Gated DeltaNet + attention + MoE) with seeded random weights."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=8192,
+        # vLLM's Qwen3-Next loader ignores tied embeddings: tied, the output head would never be loaded.
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        torch_dtype="bfloat16",
+    )
+    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        source = tokenizer_from / name
+        if source.exists():
+            shutil.copy2(source, out / name)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=["smollm2-135m-instruct", "tiny-qwen3-next"])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--gguf", type=Path)
+    parser.add_argument("--tokenizer-from", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.kind == "smollm2-135m-instruct":
+        if args.gguf is None:
+            parser.error("--gguf is required for smollm2-135m-instruct")
+        convert_gguf(args.gguf, args.out)
+    else:
+        if args.tokenizer_from is None:
+            parser.error("--tokenizer-from is required for tiny-qwen3-next")
+        generate_tiny_qwen3_next(args.out, args.tokenizer_from, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

