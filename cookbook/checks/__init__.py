@@ -1,0 +1,11 @@
+"""The verification suite: every check of the seeds' Verified tables, against any OpenAI-compatible server.
+
+A check is one function registered with `@check(...)` in one place (its module); `run_checks` runs a selection
+in registry order and returns a `RunResults`. Importing this package imports every check module.
+"""
+from .registry import CHECKS, CheckContext, CheckOutcome, check, run_checks, selected_checks
+
+__all__ = ["CHECKS", "CheckContext", "CheckOutcome", "check", "run_checks", "selected_checks"]
+
+# Check modules register themselves on import; the order here is the Verified table's order.
+from . import _load_all  # noqa: E402,F401

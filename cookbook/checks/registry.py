@@ -1,0 +1,167 @@
+"""The check registry and the one runner every check goes through."""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..endpoint import Endpoint
+from ..errors import CookbookError, ServerDown
+from ..recipes import Recipe
+from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, this_machine
+
+
+@dataclass
+class CheckContext:
+    """What a check gets: where the server is, what the recipe expects, where to save figures, overrides."""
+
+    endpoint: Endpoint
+    recipe: Recipe | None = None
+    out_dir: Path | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    request_timeout_s: float = 60.0
+    hardware: Hardware | None = None  # what served the run; default: this machine for CPU recipes, else unknown
+
+    @property
+    def max_tokens(self) -> int:
+        return self.recipe.verification.max_tokens if self.recipe else 64
+
+    @property
+    def concurrency(self) -> int:
+        if self.recipe is None:
+            return int(self.params.get("concurrency", 8))
+        return self.recipe.verification.concurrency or self.recipe.max_num_seqs
+
+
+@dataclass
+class CheckOutcome:
+    """What a check function returns; the runner adds name, label, timing and the recipe's expectations."""
+
+    passed: bool
+    result: str
+    evidence: list[Evidence] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    label: str | None = None  # overrides the registered label when it depends on parameters
+
+
+CheckFn = Callable[[CheckContext], CheckOutcome]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    label: str
+    fn: CheckFn
+    group: str  # "core" or "long-context"
+    applies: Callable[[CheckContext], str | None]  # None if it applies, else why not
+
+
+CHECKS: dict[str, CheckSpec] = {}
+
+
+def _always(_ctx: CheckContext) -> str | None:
+    return None
+
+
+def check(
+    name: str, label: str, group: str = "core", applies: Callable[[CheckContext], str | None] = _always
+) -> Callable[[CheckFn], CheckFn]:
+    """Register a check function under `name`; `label` is the Verified table's Check column."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        if name in CHECKS:
+            raise ValueError(f"check {name!r} registered twice")
+        CHECKS[name] = CheckSpec(name, label, fn, group, applies)
+        return fn
+
+    return register
+
+
+def selected_checks(names: list[str] | None, recipe: Recipe | None) -> list[CheckSpec]:
+    """Registry order; `names` (e.g. from --checks) may name checks or groups ('core', 'long-context')."""
+    if names:
+        unknown = [n for n in names if n not in CHECKS and n not in {s.group for s in CHECKS.values()}]
+        if unknown:
+            raise CookbookError(f"--checks: unknown check {unknown[0]!r} (known: {', '.join(CHECKS)})")
+        wanted = set(names)
+        return [s for s in CHECKS.values() if s.name in wanted or s.group in wanted]
+    if recipe is not None and recipe.verification.checks:
+        return selected_checks(recipe.verification.checks, None)
+    return [s for s in CHECKS.values() if s.group == "core"]
+
+
+def run_hardware(ctx: CheckContext) -> Hardware:
+    """Which hardware produced the figures: said by the caller, known for the CPU recipes, else 'unknown'.
+    A Gaudi recipe's declared hardware is never assumed: a result must not claim a card it did not run on."""
+    if ctx.hardware is not None:
+        return ctx.hardware
+    if ctx.recipe is not None and ctx.recipe.hardware.kind == "cpu":
+        return this_machine()
+    return Hardware(kind="unknown", description=f"not stated (server at {ctx.endpoint.base_url})")
+
+
+def run_checks(
+    ctx: CheckContext, names: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> RunResults:
+    """Run the selected checks in order. If the server goes down, the rest are 'not run: server down'."""
+    recipe = ctx.recipe
+    results = RunResults(
+        recipe=recipe.id if recipe else "(none)",
+        model=ctx.endpoint.model,
+        hardware=run_hardware(ctx),
+        image=recipe.image.label.replace("`", "") if recipe else "",
+        started_at=now(),
+    )
+    server_down = False
+    for spec in selected_checks(names, recipe):
+        if progress:
+            progress(spec.name)
+        skip_reason = recipe.verification.skip.get(spec.name) if recipe else None
+        skip_reason = skip_reason or spec.applies(ctx)
+        if server_down:
+            results.checks.append(CheckResult(name=spec.name, label=spec.label, status="not run", result="not run: server down"))
+            continue
+        if skip_reason:
+            results.checks.append(CheckResult(name=spec.name, label=spec.label, status="skipped", result=f"not applicable: {skip_reason}"))
+            continue
+        started = time.monotonic()
+        status: Status
+        try:
+            outcome = spec.fn(ctx)
+            status = "pass" if outcome.passed else "fail"
+        except ServerDown as exc:
+            server_down = True
+            outcome = CheckOutcome(False, "not run: server down", [Evidence(note=str(exc))])
+            status = "not run"
+        except CookbookError as exc:
+            outcome = CheckOutcome(False, f"error: {exc}", [Evidence(note=str(exc))])
+            status = "error"
+        except Exception as exc:  # a check must never take the suite down with it
+            if not ctx.endpoint.healthy():
+                server_down = True
+                outcome = CheckOutcome(False, "not run: server down", [Evidence(note=repr(exc))])
+                status = "not run"
+            else:
+                tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+                outcome = CheckOutcome(False, f"error: {tb}", [Evidence(note=tb)])
+                status = "error"
+        limitation = recipe.verification.known_limitations.get(spec.name) if recipe else None
+        result_text = outcome.result
+        if limitation and status == "fail":
+            status = "known limitation"
+            result_text = f"{outcome.result} (known limitation: {limitation})"
+        results.checks.append(
+            CheckResult(
+                name=spec.name,
+                label=outcome.label or spec.label,
+                status=status,
+                result=result_text,
+                evidence=outcome.evidence,
+                duration_s=round(time.monotonic() - started, 3),
+                details=outcome.details,
+            )
+        )
+    results.finished_at = now()
+    return results

@@ -1,0 +1,31 @@
+"""`cookbook serve ID`: carry out the recipe's launch steps and stay in the foreground until SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..launch import DEFAULT_STARTUP_TIMEOUT_S, Server, attach, serve_foreground
+from ..recipes import load_recipe
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="start a recipe's server (fixes, then vllm serve); Ctrl-C stops it")
+    parser.add_argument("recipe", metavar="ID")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, help="default 8000, or a free port if 8000 is taken")
+    parser.add_argument("--run-dir", type=Path, help="where server.log goes (default runs/<time>-<recipe>)")
+    parser.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, help="seconds to wait for /health")
+    parser.add_argument("--base-url", help="attach to a server someone else started instead of starting one")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe)
+    if args.base_url:
+        endpoint = attach(args.base_url, recipe.served_model_name)
+        pool = endpoint.kv_pool_tokens()
+        shown = f"{pool:,} tokens" if pool is not None else "unknown"
+        print(f"ready: {endpoint.api_url} model={endpoint.model} kv_pool={shown} (attached)")
+        return 0
+    server = Server(recipe, host=args.host, port=args.port, run_dir=args.run_dir, startup_timeout_s=args.startup_timeout)
+    return serve_foreground(server)

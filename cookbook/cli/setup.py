@@ -1,0 +1,24 @@
+"""`cookbook setup`: build the CPU image and the CPU recipes' models into the cache (idempotent)."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from ..image import detect_image, ensure_cpu_image
+from ..models import MODELS, ensure_model
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("setup", help="build the CPU image and prepare the CPU recipes' models (once)")
+    parser.add_argument("models", nargs="*", choices=[[], *MODELS], metavar="MODEL", help=f"default: all of {', '.join(MODELS)}")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    image = ensure_cpu_image()
+    print(f"image: {detect_image(image).describe()} at {image.python.parent.parent}")
+    for name in args.models or list(MODELS):
+        print(f"model: {name} at {ensure_model(name, image)}")
+    print(f"setup done in {time.monotonic() - started:.1f} s")
+    return 0

