@@ -142,7 +142,8 @@ def _run_prepare(image: ImageEnv, args: list[str]) -> None:
     env = image.env()
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
-    proc = subprocess.run([str(image.python), str(PREPARE_SCRIPT), *args], capture_output=True, text=True, env=env)
+    # -I: the script's folder (this package) must not shadow the standard library (secrets, ...).
+    proc = subprocess.run([str(image.python), "-I", str(PREPARE_SCRIPT), *args], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         raise SetupError(f"model preparation {args[0]} failed (exit {proc.returncode}): {tail}")
