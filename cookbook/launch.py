@@ -198,7 +198,7 @@ class Server:
         if models is not None:
             env["COOKBOOK_MODELS"] = str(models)
         flags = {**self.extra_flags, "host": self.host, "port": self.port}
-        self._secrets = secret_values(os.environ, recipe.environment, flags=recipe.serve.flags)
+        self._secrets = secret_values(os.environ, recipe.environment, flags={**recipe.serve.flags, **self.extra_flags})
 
         self._run_fixes(image, env)
         argv = recipes_mod.serve_argv(recipe, models, extra=flags)

