@@ -1,0 +1,345 @@
+"""Token-exact haystacks with a needle, and the one greedy request both long-context probes send.
+
+The filler is prose the project generates itself from a seeded grammar (no data set download) and holds no digits,
+so a needle's number cannot be found anywhere else in the prompt. Lengths are counted by the server under test:
+the whole chat prompt (template included) is measured with vLLM's ``/tokenize`` and trimmed until it is exactly
+the target, so "65K" means 65K of that model's tokens. Each needle's key and value come from a seeded RNG per cell.
+"""
+from __future__ import annotations
+
+import random
+import re
+import time
+import uuid
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from .endpoint import Endpoint
+from .errors import ServerDown, ServerError
+
+# Seconds a long request may take on top of the check's base timeout, per prompt token (about 100 tokens/s: slow
+# enough for the 2-vCPU CPU server and for a Gaudi card compiling a new shape, still bounded).
+SECONDS_PER_PROMPT_TOKEN = 0.01
+_MAX_FIT_ROUNDS = 8
+
+# -- filler: deterministic prose with no digits -------------------------------------------------------------------
+
+_SUBJECTS = (
+    "The old lighthouse keeper", "A young gardener", "The village baker", "Our neighbour", "The tired traveller",
+    "A quiet student", "The ferry captain", "The librarian", "A curious child", "The shepherd",
+    "The carpenter", "A wandering painter", "The station master", "The orchard owner", "A retired sailor",
+    "The schoolteacher", "The miller", "A patient fisherman", "The clockmaker", "The innkeeper",
+)
+_VERBS = (
+    "walked along", "painted", "watched", "repaired", "wrote about", "remembered", "crossed", "cleaned",
+    "described", "photographed", "visited", "measured", "sketched", "followed", "admired", "swept",
+)
+_OBJECTS = (
+    "the narrow harbour", "the wooden bridge", "the stone wall by the church", "the empty market square",
+    "the orchard on the hill", "the road to the next town", "the frozen pond", "the garden behind the school",
+    "the tall grass near the river", "the old mill", "the lanterns on the pier", "the fields of barley",
+    "the path through the forest", "the boats in the bay", "the roof of the town hall", "the cliffs above the sea",
+)
+_TAILS = (
+    "before the rain began", "while the bells were ringing", "on a grey and windy morning", "after supper",
+    "as the tide went out", "without saying a word", "in the pale evening light", "long before anyone woke",
+    "when the snow had melted", "with great care", "as the swallows returned", "during the long summer",
+    "under a cloudless sky", "while the kettle boiled", "as the market closed", "in the first week of autumn",
+)
+_ASIDES = (
+    "Nobody in the town thought this was unusual.", "It had been that way for as long as anyone could remember.",
+    "The weather was calm and the streets were quiet.", "Later that day the wind changed direction.",
+    "Few people noticed, and fewer still cared.", "It was the kind of day that passes without a story.",
+)
+_KEYS = (
+    "the blue door", "the silver lighthouse", "the northern orchard", "the red ferry", "the stone bridge",
+    "the copper kettle", "the hidden garden", "the winter market", "the painted boat", "the old clock tower",
+    "the green lantern", "the quiet library", "the eastern gate", "the yellow kite", "the marble fountain",
+)
+
+INSTRUCTION = (
+    "Below is a long document. Somewhere in it is one special magic number. Read the document, then answer the "
+    "question after it."
+)
+
+
+def filler_sentences(seed: int | str, count: int) -> list[str]:
+    """`count` sentences of neutral prose, the same for the same seed; no digits anywhere."""
+    rng = random.Random(f"filler:{seed}")
+    sentences: list[str] = []
+    for _ in range(count):
+        if rng.random() < 0.15:
+            sentences.append(rng.choice(_ASIDES))
+        else:
+            sentences.append(
+                f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_TAILS)}."
+            )
+    return sentences
+
+
+def filler_text(seed: int | str, count: int) -> str:
+    """Sentences joined into paragraphs of five; starts with a sentence, ends with a full stop."""
+    sentences = filler_sentences(seed, count)
+    paragraphs = [" ".join(sentences[i : i + 5]) for i in range(0, len(sentences), 5)]
+    return "\n\n".join(paragraphs)
+
+
+# -- needles -------------------------------------------------------------------------------------------------------
+
+
+class Needle(BaseModel):
+    """A fact hidden in the haystack and the question that asks for it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str = Field(description="What the number belongs to, e.g. 'the blue door'")
+    value: str = Field(description="The seven-digit number the answer must contain exactly")
+
+    @property
+    def sentence(self) -> str:
+        return f"The special magic number for {self.key} is {self.value}."
+
+    @property
+    def question(self) -> str:
+        return f"What is the special magic number for {self.key}? Answer with the number only."
+
+    def found_in(self, answer: str | None) -> bool:
+        """Exact match: the whole number appears in the answer, not as part of a longer run of digits."""
+        if not answer:
+            return False
+        return re.search(rf"(?<!\d){re.escape(self.value)}(?!\d)", answer) is not None
+
+
+def make_needle(seed: int | str) -> Needle:
+    """A needle the model cannot guess: a random key and a random seven-digit value, fixed by `seed`."""
+    rng = random.Random(f"needle:{seed}")
+    return Needle(key=rng.choice(_KEYS), value=str(rng.randint(1_000_000, 9_999_999)))
+
+
+# -- token-exact haystacks -----------------------------------------------------------------------------------------
+
+
+class Haystack(BaseModel):
+    """One chat prompt of exactly `prompt_tokens` tokens (as the server counts them) with a needle at a depth."""
+
+    target_tokens: int = Field(description="The length asked for, in this model's tokens")
+    prompt_tokens: int = Field(description="The length /tokenize measured for the whole chat prompt")
+    depth: float = Field(description="Requested needle depth, a fraction of the filler")
+    actual_depth: float = Field(description="Where the needle landed: filler tokens before it / all filler tokens")
+    filler_tokens: int = Field(description="Filler tokens around the needle")
+    needle: Needle
+    messages: list[dict[str, str]] = Field(repr=False, description="The chat messages to send")
+
+    def summary(self) -> dict[str, Any]:
+        """What results keep of a haystack: everything but the text itself."""
+        return {
+            "target_tokens": self.target_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "depth": self.depth,
+            "actual_depth": round(self.actual_depth, 4),
+            "needle_key": self.needle.key,
+            "needle_value": self.needle.value,
+        }
+
+
+def _messages(document: str, needle: Needle) -> list[dict[str, str]]:
+    content = f"{INSTRUCTION}\n\n<document>\n{document}\n</document>\n\n{needle.question}"
+    return [{"role": "user", "content": content}]
+
+
+def chat_prompt_tokens(endpoint: Endpoint, messages: list[dict[str, str]]) -> int:
+    """Tokens of the chat prompt as the server will count them (template and generation prompt included)."""
+    body = {"model": endpoint.model, "messages": messages, "add_generation_prompt": True}
+    try:
+        response = endpoint.http().post("/tokenize", json=body)
+    except httpx.HTTPError as exc:
+        raise ServerDown(f"{endpoint.base_url}/tokenize: {type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise ServerError(f"{endpoint.base_url}/tokenize: HTTP {response.status_code}: {response.text[:200]}")
+    return int(response.json()["count"])
+
+
+def frame_tokens(endpoint: Endpoint, needle: Needle) -> int:
+    """Tokens of the prompt with the needle and no filler: the shortest haystack this server can be given."""
+    return chat_prompt_tokens(endpoint, _messages(needle.sentence, needle))
+
+
+def build_haystack(endpoint: Endpoint, target_tokens: int, depth: float, needle: Needle, seed: int | str) -> Haystack:
+    """A prompt of exactly `target_tokens` tokens: filler cut at token boundaries, the needle after a sentence."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth {depth} is outside 0..1")
+    frame = frame_tokens(endpoint, needle)
+    budget = target_tokens - frame
+    if budget < 0:
+        raise ServerError(f"a {target_tokens}-token haystack is shorter than its own prompt frame ({frame} tokens)")
+    sentences = max(8, budget // 8)  # a sentence is 10 to 20 tokens in the usual tokenizers
+    filler = endpoint.tokenize(filler_text(seed, sentences))
+    while len(filler) < budget + 64:  # room for the trimming rounds below
+        sentences *= 2
+        filler = endpoint.tokenize(filler_text(seed, sentences))
+    full_stop = endpoint.tokenize(".")
+    before = _sentence_boundary(filler, round(depth * budget), budget, full_stop[-1] if full_stop else None)
+    after = budget - before
+    prefix = endpoint.detokenize(filler[:before]) if before else ""
+    for _ in range(_MAX_FIT_ROUNDS):
+        suffix = endpoint.detokenize(filler[before : before + after]) if after > 0 else ""
+        document = " ".join(part.strip() for part in (prefix, needle.sentence, suffix) if part.strip())
+        messages = _messages(document, needle)
+        counted = chat_prompt_tokens(endpoint, messages)
+        if counted == target_tokens:
+            return Haystack(
+                target_tokens=target_tokens,
+                prompt_tokens=counted,
+                depth=depth,
+                actual_depth=before / max(1, before + after),
+                filler_tokens=before + after,
+                needle=needle,
+                messages=messages,
+            )
+        after += target_tokens - counted
+        if after < 0 or before + after > len(filler):
+            break
+    raise ServerError(f"could not fit a haystack to exactly {target_tokens} tokens (last try: {counted})")
+
+
+def _sentence_boundary(tokens: list[int], position: int, budget: int, full_stop: int | None) -> int:
+    """The sentence end nearest to `position` within `budget` (so the needle never splits a sentence), moving it
+    by at most a twentieth of the budget; `position` itself when there is none that close."""
+    position = min(max(0, position), budget)
+    window = min(200, budget // 20)
+    if full_stop is None or position == 0 or window == 0:
+        return position
+    best: int | None = None
+    for index in range(max(1, position - window), min(budget, len(tokens), position + window) + 1):
+        if tokens[index - 1] == full_stop and (best is None or abs(index - position) < abs(best - position)):
+            best = index
+    return position if best is None else best
+
+
+# -- the request both probes send ----------------------------------------------------------------------------------
+
+
+class Answer(BaseModel):
+    """One greedy chat answer with what the probes compare: text, token logprobs, cached tokens, time."""
+
+    text: str = Field(description="message.content ('' when absent)")
+    reasoning: str = Field("", description="reasoning_content, for servers with a reasoning parser")
+    tokens: list[str] = Field(default_factory=list, description="Generated tokens, from logprobs.content")
+    logprobs: list[float] = Field(default_factory=list, description="The chosen token's logprob, token by token")
+    prompt_tokens: int | None = Field(None, description="usage.prompt_tokens")
+    cached_tokens: int | None = Field(None, description="usage.prompt_tokens_details.cached_tokens; None if absent")
+    finish_reason: str | None = None
+    seconds: float = Field(description="Wall time of the request, end to end (time to the whole answer)")
+    usage: dict[str, Any] = Field(default_factory=dict, description="The response's usage block, as sent")
+
+
+def new_salt() -> str:
+    """A cache_salt nobody has used: its request starts cold."""
+    return f"cookbook-{uuid.uuid4().hex}"
+
+
+def request_body(
+    endpoint: Endpoint, messages: list[dict[str, str]], salt: str, max_tokens: int, logprobs: bool = True
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": endpoint.model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "cache_salt": salt,
+    }
+    if logprobs:
+        body["logprobs"] = True
+    return body
+
+
+def request_timeout(base_s: float, prompt_tokens: int) -> float:
+    return base_s + prompt_tokens * SECONDS_PER_PROMPT_TOKEN
+
+
+def ask(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Answer:
+    """Send one non-streamed chat request and read what the probes need from its response."""
+    started = time.monotonic()
+    try:
+        response = endpoint.http().post("/v1/chat/completions", json=body, timeout=timeout_s)
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        raise ServerDown(f"{endpoint.base_url}/v1/chat/completions: {type(exc).__name__}") from None
+    except httpx.TimeoutException:
+        raise ServerError(f"{endpoint.base_url}/v1/chat/completions: no answer within {timeout_s:.0f} s") from None
+    seconds = time.monotonic() - started
+    if response.status_code != 200:
+        raise ServerError(f"/v1/chat/completions: HTTP {response.status_code}: {response.text[:300]}")
+    data = response.json()
+    choice = data["choices"][0]
+    message = choice.get("message") or {}
+    usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    content = (choice.get("logprobs") or {}).get("content") or []
+    return Answer(
+        text=message.get("content") or "",
+        reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+        tokens=[str(item.get("token", "")) for item in content],
+        logprobs=[float(item["logprob"]) for item in content],
+        prompt_tokens=usage.get("prompt_tokens"),
+        cached_tokens=details.get("cached_tokens"),
+        finish_reason=choice.get("finish_reason"),
+        seconds=round(seconds, 3),
+        usage=usage,
+    )
+
+
+def body_excerpt(body: dict[str, Any], keep: int = 160) -> dict[str, Any]:
+    """The request as evidence: every field, but a long message shown as its start, its end and its length."""
+    shown = dict(body)
+    messages = []
+    for message in body.get("messages", []):
+        text = message.get("content", "")
+        if len(text) > 2 * keep:
+            text = f"{text[:keep]} [... {len(text) - 2 * keep} characters ...] {text[-keep:]}"
+        messages.append({**message, "content": text})
+    shown["messages"] = messages
+    return shown
+
+
+# -- lengths -------------------------------------------------------------------------------------------------------
+
+
+def fit_lengths(lengths: list[int], max_model_len: int, answer_tokens: int) -> list[int]:
+    """Lengths capped so that prompt and answer fit the context, duplicates dropped, order kept."""
+    limit = max_model_len - answer_tokens
+    fitted: list[int] = []
+    for length in lengths:
+        capped = min(int(length), limit)
+        if capped not in fitted:
+            fitted.append(capped)
+    return fitted
+
+
+def server_max_model_len(endpoint: Endpoint) -> int:
+    """The context the server was started with, as /tokenize reports it."""
+    body = {"model": endpoint.model, "prompt": "", "add_special_tokens": False}
+    try:
+        response = endpoint.http().post("/tokenize", json=body)
+    except httpx.HTTPError as exc:
+        raise ServerDown(f"{endpoint.base_url}/tokenize: {type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise ServerError(f"{endpoint.base_url}/tokenize: HTTP {response.status_code}: {response.text[:200]}")
+    return int(response.json()["max_model_len"])
+
+
+def format_tokens(count: int) -> str:
+    """The seeds' way of writing a length: 65K, 126K, 1.5K; below a thousand, the number itself."""
+    if count < 1000:
+        return str(count)
+    if count % 1000 == 0 or count >= 10_000:
+        return f"{round(count / 1000)}K"
+    return f"{count / 1000:.1f}".rstrip("0").rstrip(".") + "K"
+
+
+def join_words(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    if len(words) <= 1:
+        return "".join(words)
+    return f"{', '.join(words[:-1])} and {words[-1]}"
