@@ -909,6 +909,10 @@ def gc_blobs(state: Path, ledger: dict[str, Any] | None) -> None:
                 pass
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "es" if noun.endswith("x") else "s")
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -1027,7 +1031,7 @@ def cmd_apply(pack: Pack, profile: Profile, opt_ins: Sequence[str], root: Path |
         plan, rows = evaluate(image, selected, ledger)
         data: dict[str, Any] = {"profile": profile.name, "selected": wanted, "gate": rows}
         if plan is None:
-            lines.append(f"apply_all: {profile.name}: already applied ({len(wanted)} fixes), nothing to do")
+            lines.append(f"apply_all: {profile.name}: already applied ({_n(len(wanted), 'fix')}), nothing to do")
             return Outcome(EXIT_OK, lines, {**data, "changed": [], "applied": [], "result": "no-op"})
         new = [f.id for f in selected if f.id not in applied]
         if dry_run:
@@ -1038,8 +1042,8 @@ def cmd_apply(pack: Pack, profile: Profile, opt_ins: Sequence[str], root: Path |
             return Outcome(EXIT_OK, lines, {**data, "changed": plan.changes(), "applied": [], "would_apply": new,
                                             "result": "dry-run"})
         changed = commit(image, plan, ledger, make_ledger(plan), "apply")
-        lines.append(f"apply_all: {profile.name}: applied {len(new)} fixes ({', '.join(new)}); "
-                     f"{len(changed)} files written")
+        lines.append(f"apply_all: {profile.name}: applied {_n(len(new), 'fix')} ({', '.join(new)}); "
+                     f"{_n(len(changed), 'file')} written")
         return Outcome(EXIT_OK, lines, {**data, "changed": changed, "applied": new, "result": "applied"})
 
 
@@ -1085,7 +1089,7 @@ def cmd_revert(pack: Pack, profile: Profile, names: Sequence[str], root: Path | 
                                             "changed": plan.changes()})
         ledger_after = make_ledger(plan) if kept else None
         changed = commit(image, plan, ledger, ledger_after, "revert")
-        lines.append(f"apply_all: {profile.name}: reverted {', '.join(order)}; {len(changed)} files restored")
+        lines.append(f"apply_all: {profile.name}: reverted {', '.join(order)}; {_n(len(changed), 'file')} restored")
         return Outcome(EXIT_OK, lines, {"profile": profile.name, "result": "reverted", "reverted": order,
                                         "changed": changed})
 
@@ -1156,7 +1160,8 @@ def cmd_status(pack: Pack, profile: Profile, root: Path | None) -> Outcome:
     lines.append("  fixes:")
     lines += [f"    {f['id']:<24} {f['state']}" for f in fixes]
     lines.append("  files:")
-    lines += [f"    {f['path']:<52} {f['state']:<9} {short(f['sha256'])}" for f in files]
+    width = max((len(f["path"]) for f in files), default=0)
+    lines += [f"    {f['path']:<{width}}  {f['state']:<9} {short(f['sha256'])}" for f in files]
     return Outcome(code, lines, {"profile": profile.name, "fixes": fixes, "files": files,
                                  "interrupted": journal})
 
