@@ -1120,19 +1120,20 @@ def cmd_list(pack: Pack, profiles: list[Profile], root: Path | None) -> Outcome:
     return Outcome(EXIT_OK, lines, {"fixes": rows})
 
 
-def cmd_status(pack: Pack, profile: Profile, root: Path | None) -> Outcome:
+def cmd_status(pack: Pack, profile: Profile, root: Path | None, lock_timeout: float) -> Outcome:
     image = Image.locate(profile, root)
     state = image.state_dir
     if state is None:
         raise FixError(EXIT_IMAGE, f"image mismatch: {profile.anchor} is not installed here")
-    with Lock(state, 0, exclusive=False):
+    with Lock(state, lock_timeout, exclusive=False):  # a shared lock: never read a half-written state
         ledger = read_ledger(state)
         journal = (state / "journal.json").exists()
+        found_hashes = {rel: sha256(image.read(rel)) for rel in profile.files}
     ledger_files = (ledger or {}).get("files", {})
     files = []
     code = EXIT_OK
     for rel, pristine in profile.files.items():
-        found = sha256(image.read(rel)) if image.path(rel) else None
+        found = found_hashes[rel]
         rec = ledger_files.get(rel)
         if rec and found == rec["current"] and found != pristine:
             st = "applied"
@@ -1148,8 +1149,8 @@ def cmd_status(pack: Pack, profile: Profile, root: Path | None) -> Outcome:
     for fix in profile.fixes:
         st = fix_state(fix, ledger)
         if st == "applied":
-            if any(f["state"] == "modified" for f in files if f["path"] in (ledger_files or {})
-                   and any(t.path == f["path"] for t in fix.targets or [])):
+            touched = {t.path for t in fix.targets or []}
+            if any(f["state"] == "modified" for f in files if f["path"] in touched):
                 st = "modified"
         fixes.append({"id": fix.id, "state": st, "opt_in": fix.opt_in})
     if journal:
@@ -1220,7 +1221,7 @@ def run(argv: Sequence[str] | None = None) -> Outcome:
         profile = profile or ledger_profile(pack, root)
         if profile is None:
             raise FixError(EXIT_USAGE, "--status needs --profile NAME (no ledger found here)")
-        return cmd_status(pack, profile, root)
+        return cmd_status(pack, profile, root, args.lock_timeout)
     if args.revert:
         profile = profile or ledger_profile(pack, root)
         if profile is None:
