@@ -1,0 +1,435 @@
+"""Batch runs: the notebook set executed headless with papermill against one server, into one run folder.
+
+Per run the folder holds the executed notebooks (a failing one keeps its error, and the others still run), an
+HTML report per notebook without code, `results.json` (every notebook writes its part under `parts/`, the batch
+merges them into one `RunResults`), the figures, `page.md` (the recipe page with this run's tables), `index.html`
+and `summary.json`. Secrets of the environment are masked in everything written.
+
+The notebooks themselves talk to the library through `open_session`: the same call attaches to a server (the
+batch, a Gaudi box) or launches the recipe's own (a notebook run on its own), and saves parts and figures where
+the batch expects them.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from .checks.registry import CheckContext, run_hardware
+from .endpoint import Endpoint
+from .errors import CookbookError
+from .launch import RUNS_DIR, Server, attach, new_run_dir
+from .pages import render_page, write_atomic
+from .recipes import REPO_ROOT, Recipe, list_recipes, load_recipe
+from .results import Hardware, RunResults, now, read_results, write_results
+from .secrets import secret_values
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as MplFigure
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+# The batch set, in order. 00_index only explains the set; it is executed by the tests, not by a batch.
+BATCH_NOTEBOOKS = ("01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput")
+PARTS_DIR = "parts"
+CELL_TIMEOUT_S = 1800
+Say = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The notebook side
+
+
+def parse_hardware(text: str | None) -> Hardware | None:
+    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`) as given to --hardware or the HARDWARE parameter."""
+    if not text:
+        return None
+    kind, sep, description = text.partition(":")
+    if not sep or not kind.strip() or not description.strip():
+        raise CookbookError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
+    return Hardware(kind=kind.strip(), description=description.strip())
+
+
+def default_out_dir(recipe: Recipe) -> Path:
+    """Where a notebook run on its own writes: one stable folder per recipe, so its parts accumulate."""
+    return RUNS_DIR / "interactive" / recipe.id.replace("/", "--")
+
+
+@dataclass
+class Session:
+    """What a notebook works with: the recipe, a live endpoint, the output folder, and who measured."""
+
+    recipe: Recipe
+    endpoint: Endpoint
+    out_dir: Path
+    hardware: Hardware
+    server: Server | None = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+    def check_context(self, **params: Any) -> CheckContext:
+        return CheckContext(self.endpoint, self.recipe, self.out_dir, dict(params), hardware=self.hardware)
+
+    def save_figure(self, figure: "MplFigure", name: str) -> Path:
+        """Save a figure as NAME.png beside the executed notebook; the next part written records it."""
+        path = self.out_dir / f"{name}.png"
+        figure.savefig(path, dpi=110, bbox_inches="tight")
+        self.artifacts[name] = path.name
+        return path
+
+    def write_part(self, name: str, results: RunResults) -> Path:
+        """This notebook's share of the run's results (merged by the batch into results.json)."""
+        results = results.model_copy(update={"artifacts": {**results.artifacts, **self.artifacts}})
+        return write_results(results, self.out_dir / PARTS_DIR / f"{name}.json")
+
+    def new_results(self, **fields: Any) -> RunResults:
+        """A RunResults for this session's recipe, model, hardware and image (plus `fields`)."""
+        base = dict(recipe=self.recipe.id, model=self.endpoint.model, hardware=self.hardware,
+                    image=self.recipe.image.label.replace("`", ""), started_at=now())
+        return RunResults(**{**base, **fields})
+
+    def close(self) -> None:
+        """Stop the server this session started (none when it attached)."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self.endpoint.close()
+
+
+def open_session(
+    recipe: str | Recipe,
+    base_url: str | None = None,
+    out_dir: str | Path | None = None,
+    hardware: str | None = None,
+    say: Say = print,
+) -> Session:
+    """Attach to `base_url`, or (None) launch the recipe's server, stopped by `close()` or at interpreter exit."""
+    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    folder = Path(out_dir) if out_dir else default_out_dir(recipe)
+    folder.mkdir(parents=True, exist_ok=True)
+    server: Server | None = None
+    if base_url:
+        endpoint = attach(base_url, recipe.served_model_name)
+    else:
+        server = Server(recipe, run_dir=folder, say=say)
+        server.start()
+        atexit.register(server.stop)
+        endpoint = server.endpoint
+    measured_on = parse_hardware(hardware) or run_hardware(CheckContext(endpoint, recipe))
+    return Session(recipe, endpoint, folder, measured_on, server)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One thing the running server says about itself, beside what the recipe expects (None: no expectation)."""
+
+    name: str
+    found: Any
+    expected: Any = None
+
+    @property
+    def ok(self) -> bool | None:
+        return None if self.expected is None else self.found == self.expected
+
+
+def server_facts(session: Session) -> list[Fact]:
+    """What the server reports (/health, /v1/models, /metrics) against the recipe: model, context, caching, pool."""
+    endpoint, recipe = session.endpoint, session.recipe
+    models = endpoint.http().get("/v1/models").json().get("data", [])
+    served = next((m for m in models if m.get("id") == endpoint.model), {})
+    metrics = endpoint.metrics()
+    cache = next((m.labels for m in metrics if m.name.startswith("vllm:cache_config_info")), {})
+    caching = cache.get("enable_prefix_caching")
+    block_flag = recipe.serve.flags.get("block-size")
+    return [
+        Fact("healthy", endpoint.healthy(), True),
+        Fact("served model", served.get("id"), recipe.served_model_name),
+        Fact("max model len", served.get("max_model_len"), recipe.max_model_len),
+        Fact("prefix caching", None if caching is None else caching == "True", recipe.prefix_caching.enabled),
+        Fact("KV block size", int(cache["block_size"]) if cache.get("block_size", "").isdigit() else None,
+             block_flag if isinstance(block_flag, int) else None),
+        Fact("KV pool (tokens)", endpoint.kv_pool_tokens()),
+        Fact("process start time", endpoint.process_start_time()),
+    ]
+
+
+def mismatches(facts: list[Fact]) -> list[str]:
+    """The facts in which the server contradicts the recipe."""
+    return [f"{f.name}: server {f.found!r}, recipe {f.expected!r}" for f in facts if f.ok is False]
+
+
+def facts_frame(facts: list[Fact]) -> Any:
+    import pandas as pd
+
+    rows = [(f.name, f.found, "" if f.expected is None else f.expected, {True: "yes", False: "NO", None: ""}[f.ok]) for f in facts]
+    return pd.DataFrame(rows, columns=["Fact", "Server", "Recipe", "Match"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The batch side
+
+
+class NotebookOutcome(BaseModel):
+    name: str
+    status: Literal["ok", "failed"]
+    seconds: float = 0.0
+    error: str = Field("", description="The failing cell's exception in one line")
+    notebook: str = Field("", description="The executed notebook, relative to the run folder")
+    html: str = Field("", description="Its HTML report without code, relative to the run folder")
+
+
+class BatchSummary(BaseModel):
+    recipe: str
+    run_dir: str = Field("", description="The run folder (absolute)")
+    base_url: str | None = None
+    launched: bool = Field(False, description="The batch started the server (else it attached)")
+    started_at: str = ""
+    finished_at: str = ""
+    wall_s: float = 0.0
+    notebooks: list[NotebookOutcome] = Field(default_factory=list)
+    results: str = ""
+    page: str = ""
+    index: str = ""
+    secrets_masked: list[str] = Field(default_factory=list, description="Files in which a secret value was masked")
+    timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: server_start_s, notebooks_s ...")
+
+    @property
+    def failed(self) -> list[str]:
+        return [n.name for n in self.notebooks if n.status != "ok"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class SkippedRecipe(BaseModel):
+    recipe: str
+    reason: str
+
+
+def resolve_notebooks(selection: list[str | Path] | None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
+    """Notebook files from names ('03_verify' or 'verify') or paths; default: the batch set, in order."""
+    if not selection:
+        return [folder / f"{name}.ipynb" for name in BATCH_NOTEBOOKS]
+    available = sorted(folder.glob("*.ipynb"))
+    chosen = []
+    for item in selection:
+        path = Path(item)
+        if path.suffix == ".ipynb":
+            if not path.is_file():
+                raise CookbookError(f"--notebooks: no such notebook {path}")
+            chosen.append(path)
+            continue
+        match = [p for p in available if p.stem == str(item) or p.stem.split("_", 1)[-1] == str(item)]
+        if not match:
+            known = ", ".join(p.stem for p in available)
+            raise CookbookError(f"--notebooks: unknown notebook {item!r} (known: {known})")
+        chosen.append(match[0])
+    return chosen
+
+
+def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) -> NotebookOutcome:
+    """Run one notebook with papermill into the run folder; an error is recorded, never raised."""
+    import papermill as pm
+
+    executed = run_dir / source.name
+    started = time.monotonic()
+    status: Literal["ok", "failed"] = "ok"
+    error = ""
+    try:
+        pm.execute_notebook(
+            str(source), str(executed), parameters=parameters, kernel_name="python3", language="python",
+            progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
+        )
+    except pm.PapermillExecutionError as exc:
+        status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
+    except Exception as exc:  # the kernel died, a timeout, a malformed notebook: still one failed notebook
+        status, error = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    outcome = NotebookOutcome(name=source.stem, status=status, seconds=round(time.monotonic() - started, 1), error=error)
+    if executed.exists():
+        from .report import notebook_html
+
+        outcome.notebook = executed.name
+        try:
+            outcome.html = notebook_html(executed, run_dir / f"{source.stem}.html").name
+        except Exception as exc:  # a report that cannot render must not hide the run
+            outcome.error = outcome.error or f"HTML report failed: {type(exc).__name__}: {exc}"[:300]
+    return outcome
+
+
+def merge_parts(run_dir: Path, recipe: Recipe) -> RunResults | None:
+    """The notebooks' parts merged in name order into one RunResults (None when no notebook wrote one)."""
+    merged: RunResults | None = None
+    for path in sorted((run_dir / PARTS_DIR).glob("*.json")):
+        part = read_results(path)
+        if part.recipe != recipe.id:
+            raise CookbookError(f"{path}: results of {part.recipe!r} in a run of {recipe.id!r}")
+        if merged is None:
+            merged = part
+        else:
+            started = min(filter(None, [merged.started_at, part.started_at]), default="")
+            merged = merged.merge(part).model_copy(update={"started_at": started})
+    return merged
+
+
+def _verified_note(results: RunResults, launched: bool) -> str:
+    how = ("with exactly the launch command above, started by the cookbook (the fixes applied at start-up)"
+           if launched else "against a server this run attached to (started outside the run)")
+    return (f"On {results.image or 'an unnamed image'}, {results.hardware.description}, {how}. "
+            "Requests went to the OpenAI-compatible API.")
+
+
+def run_batch(
+    recipe: Recipe,
+    base_url: str,
+    run_dir: Path,
+    notebooks: list[str | Path] | None = None,
+    parameters: dict[str, Any] | None = None,
+    hardware: str | None = None,
+    launched: bool = False,
+    say: Say = print,
+) -> BatchSummary:
+    """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary."""
+    from .report import mask_secrets, write_index
+
+    sources = resolve_notebooks(notebooks)
+    parse_hardware(hardware)  # a bad --hardware fails before anything runs
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = BatchSummary(recipe=recipe.id, run_dir=str(run_dir.resolve()), base_url=base_url, launched=launched,
+                           started_at=now())
+    started = time.monotonic()
+    common = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
+    for number, source in enumerate(sources, 1):
+        say(f"[{number}/{len(sources)}] {source.stem} ...")
+        outcome = execute_notebook(source, run_dir, {**common, **(parameters or {})})
+        summary.notebooks.append(outcome)
+        say(f"[{number}/{len(sources)}] {source.stem}: {outcome.status} in {outcome.seconds:.0f} s"
+            + (f" ({outcome.error})" if outcome.error else ""))
+
+    results = merge_parts(run_dir, recipe)
+    if results is not None:
+        results = results.model_copy(update={"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)})
+        summary.results = write_results(results, run_dir / "results.json").name
+        summary.page = write_atomic(run_dir / "page.md", render_page(recipe, results)).name
+    summary.finished_at = now()
+    summary.wall_s = round(time.monotonic() - started, 1)
+    summary.timings["notebooks_s"] = summary.wall_s
+    summary.index = "index.html"
+    write_index(run_dir, summary, results)
+    masked = mask_secrets(run_dir, secret_values(os.environ))
+    summary.secrets_masked = [p.relative_to(run_dir).as_posix() for p in masked]
+    write_atomic(run_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")
+    mask_secrets(run_dir, secret_values(os.environ))
+    return summary
+
+
+def prepare_run_dir(recipe: Recipe, out: Path | None) -> Path:
+    """A fresh run folder: `out` itself (absent or empty), else runs/<time>-<recipe>."""
+    if out is None:
+        return new_run_dir(recipe.id)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CookbookError(f"--out: {out} exists and is not an empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def run_recipe(
+    recipe: Recipe,
+    base_url: str | None = None,
+    out: Path | None = None,
+    notebooks: list[str | Path] | None = None,
+    parameters: dict[str, Any] | None = None,
+    hardware: str | None = None,
+    say: Say = print,
+) -> BatchSummary:
+    """One recipe's batch: attach to `base_url`, or launch the recipe's server for the run and stop it after."""
+    if base_url:
+        attach(base_url, recipe.served_model_name).close()  # fail fast, before a folder is made
+    run_dir = prepare_run_dir(recipe, out)
+    if base_url:
+        return run_batch(recipe, base_url, run_dir, notebooks, parameters, hardware, False, say)
+    with Server(recipe, run_dir=run_dir, say=say) as server:
+        assert server.ready is not None
+        say(server.ready.line())
+        summary = run_batch(recipe, server.ready.base_url, run_dir, notebooks, parameters, hardware, True, say)
+        summary.timings = {"server_start_s": round(server.ready.startup_s, 1), **summary.timings}
+    write_atomic(run_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")
+    return summary
+
+
+@functools.lru_cache(maxsize=1)
+def _system_image_info() -> Any:
+    from .image import detect_image, system_image
+
+    return detect_image(system_image())
+
+
+def unreachable_reason(recipe: Recipe) -> str | None:
+    """Why this machine cannot serve the recipe (None: it can; the CPU image is built on demand)."""
+    if recipe.image.kind == "vllm-cpu":
+        return None
+    found = _system_image_info()
+    if found.kind == recipe.image.kind:
+        return None
+    return f"needs {recipe.hardware.description} with a {recipe.image.kind} {recipe.image.tag} image; here: {found.describe()}"
+
+
+DEMO_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Notebook parameters of the demo on top of the notebooks' own defaults (which follow the recipe).
+DEMO_PARAMETERS: dict[str, Any] = {}
+
+
+def run_demo(
+    out: Path | None = None,
+    notebooks: list[str | Path] | None = None,
+    parameters: dict[str, Any] | None = None,
+    say: Say = print,
+) -> BatchSummary:
+    """The main job: CPU image and model (built once), the CPU recipe launched with its fixes, every notebook
+    headless against it, the report folder, the server stopped. Timings of each phase go into the summary."""
+    from .image import ensure_cpu_image
+    from .models import ensure_model
+
+    started = time.monotonic()
+    recipe = load_recipe(DEMO_RECIPE)
+    image = ensure_cpu_image(progress=say)
+    if recipe.serve.weights is not None:
+        ensure_model(recipe.serve.weights.prepare, image, progress=say)
+    setup_s = time.monotonic() - started
+    summary = run_recipe(recipe, None, out, notebooks, {**DEMO_PARAMETERS, **(parameters or {})}, None, say)
+    summary.timings = {"setup_s": round(setup_s, 1), **summary.timings, "total_s": round(time.monotonic() - started, 1)}
+    write_atomic(Path(summary.run_dir) / "summary.json", summary.model_dump_json(indent=2) + "\n")
+    return summary
+
+
+def recipes_frame() -> Any:
+    """Every recipe with its hardware and image, and whether this machine can serve it (and why not)."""
+    import pandas as pd
+
+    rows = [(r.id, r.hardware.description, r.image.label.replace("`", ""), unreachable_reason(r) or "yes")
+            for r in list_recipes()]
+    return pd.DataFrame(rows, columns=["Recipe", "Hardware", "Image", "Served here"])
+
+
+def run_all(
+    out: Path | None = None,
+    notebooks: list[str | Path] | None = None,
+    parameters: dict[str, Any] | None = None,
+    say: Say = print,
+) -> list[BatchSummary | SkippedRecipe]:
+    """Every recipe this machine can serve, one after the other, each launched for its run; the rest skipped."""
+    outcomes: list[BatchSummary | SkippedRecipe] = []
+    for recipe in list_recipes():
+        reason = unreachable_reason(recipe)
+        if reason:
+            say(f"skipped {recipe.id}: {reason}")
+            outcomes.append(SkippedRecipe(recipe=recipe.id, reason=reason))
+            continue
+        say(f"== {recipe.id}")
+        folder = None if out is None else out / recipe.id.replace("/", "--")
+        outcomes.append(run_recipe(recipe, None, folder, notebooks, parameters, None, say))
+    return outcomes

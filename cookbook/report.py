@@ -1,0 +1,184 @@
+"""Shareable reports of a run folder: an HTML page per executed notebook without its code, an index that links
+them with the Verified and Performance tables and the figures inlined, and a secrets scan over everything written.
+
+The HTML loads nothing from the network (nbconvert's CDN script tags are dropped: the reports hold only text,
+tables and PNG figures), so a report folder opens offline and reveals nothing to a third party when shared.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from .pages import performance_note, performance_rows, verified_note, verified_rows, write_atomic
+from .results import RunResults
+from .secrets import MASK
+
+if TYPE_CHECKING:  # pandas and matplotlib are imported only where a table or a figure is built
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from .batch import BatchSummary
+
+_REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
+# Figures the index shows first, in this order; any other figure follows.
+LEAD_FIGURES = ("throughput", "latency", "roofline", "needles", "prefix_cache")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tables for notebooks and reports
+
+
+def checks_frame(results: RunResults) -> "pd.DataFrame":
+    """The Verified table as a DataFrame, with the status and the time each check took."""
+    import pandas as pd
+
+    rows = [(label, text, check.status, check.duration_s) for check, (label, text) in zip(results.checks, verified_rows(results))]
+    return pd.DataFrame(rows, columns=["Check", "Result", "Status", "Seconds"])
+
+
+def figures_frame(results: RunResults) -> "pd.DataFrame":
+    """The Performance table as a DataFrame, with how each figure was measured."""
+    import pandas as pd
+
+    rows = [(label, text, f.measured_as) for f, (label, text) in zip(results.performance, performance_rows(results))]
+    return pd.DataFrame(rows, columns=["Test", "Result", "Measured as"])
+
+
+STATUS_COLOURS = {"pass": "#2e7d32", "known limitation": "#f9a825", "skipped": "#9e9e9e"}
+
+
+def checks_figure(results: RunResults) -> "Figure":
+    """Time per check, coloured by status (green pass, amber known limitation, grey skipped, red otherwise)."""
+    from matplotlib.figure import Figure
+
+    checks = list(reversed(results.checks))
+    figure = Figure(figsize=(7, 0.35 * len(checks) + 1.2))
+    axes = figure.subplots()
+    axes.barh([c.name for c in checks], [c.duration_s for c in checks],
+              color=[STATUS_COLOURS.get(c.status, "#c62828") for c in checks])
+    axes.set_xlabel("seconds")
+    axes.set_title(f"{results.recipe}: checks on {results.hardware.description}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTML
+
+
+def notebook_html(executed: Path, out: Path) -> Path:
+    """An executed notebook as HTML without its code: markdown, tables, figures and any error stay."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(str(executed), as_version=4)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _resources = exporter.from_notebook_node(notebook)
+    return write_atomic(out, _REMOTE_SCRIPT.sub("", body))
+
+
+def _table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(run_dir: Path, name: str, relative: str) -> str:
+    path = run_dir / relative
+    if path.suffix.lower() != ".png" or not path.is_file():
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode()
+    label = html.escape(name.replace("_", " "))
+    return f'<figure><img alt="{label}" src="data:image/png;base64,{data}"><figcaption>{label}</figcaption></figure>'
+
+
+def _ordered_figures(artifacts: dict[str, str]) -> list[tuple[str, str]]:
+    lead = [(n, artifacts[n]) for n in LEAD_FIGURES if n in artifacts]
+    rest = sorted((n, p) for n, p in artifacts.items() if n not in LEAD_FIGURES)
+    return lead + rest
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+.failed { color: #b00020; font-weight: bold; } .ok { color: #1b5e20; }
+figure { display: inline-block; margin: 0 1em 1em 0; } img { max-width: 100%; border: 1px solid #ddd; }
+code { background: #f6f6f6; padding: 0 0.2em; }
+"""
+
+
+def write_index(run_dir: Path, summary: "BatchSummary", results: RunResults | None) -> Path:
+    """index.html of a run folder: which notebooks ran, links to their reports, Verified, Performance, figures."""
+    title = f"{summary.recipe}: cookbook run"
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+           f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    verdict = "all notebooks ran" if summary.ok else f"failed: {', '.join(summary.failed)}"
+    out.append(
+        f"<p class='{'ok' if summary.ok else 'failed'}'>{html.escape(verdict)}</p>"
+        f"<p>Server: <code>{html.escape(summary.base_url or '')}</code> ({'started by this run' if summary.launched else 'attached'}); "
+        f"started {html.escape(summary.started_at)}, {summary.wall_s:.0f} s wall time.</p>"
+    )
+    rows = []
+    for nb in summary.notebooks:
+        status = nb.status if not nb.error else f"{nb.status}: {nb.error}"
+        links = " ".join(f"<a href='{html.escape(p)}'>{kind}</a>" for kind, p in (("report", nb.html), ("notebook", nb.notebook)) if p)
+        rows.append(f"<tr><td>{html.escape(nb.name)}</td><td class='{'ok' if nb.status == 'ok' else 'failed'}'>"
+                    f"{html.escape(status)}</td><td>{nb.seconds:.0f} s</td><td>{links}</td></tr>")
+    out.append("<h2>Notebooks</h2><table><thead><tr><th>Notebook</th><th>Status</th><th>Time</th><th>Open</th></tr>"
+               f"</thead><tbody>{''.join(rows)}</tbody></table>")
+    extra = [(label, p) for label, p in (("results.json", summary.results), ("recipe page (page.md)", summary.page)) if p]
+    if extra:
+        out.append("<p>" + " · ".join(f"<a href='{html.escape(p)}'>{html.escape(label)}</a>" for label, p in extra) + "</p>")
+    if results is not None:
+        out.append(f"<h2>Verified</h2><p>{html.escape(verified_note(results))}</p>")
+        out.append(_table(("Check", "Result", "Status"), [(a, b, c.status) for c, (a, b) in zip(results.checks, verified_rows(results))])
+                   if results.checks else "<p>No checks in this run.</p>")
+        if results.kv_pool_tokens is not None:
+            out.append(f"<p>KV pool at start-up: {results.kv_pool_tokens:,} tokens.</p>")
+        if results.performance:
+            out.append(f"<h2>Performance</h2><p>{html.escape(performance_note(results))}</p>")
+            out.append(_table(("Test", "Result"), performance_rows(results)))
+        figures = [_figure(run_dir, n, p) for n, p in _ordered_figures(results.artifacts)]
+        if any(figures):
+            out.append("<h2>Figures</h2>" + "".join(figures))
+    out.append("</body></html>\n")
+    return write_atomic(run_dir / "index.html", "\n".join(out))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Secrets
+
+
+def scan_secrets(folder: Path, secrets: Iterable[str]) -> list[Path]:
+    """Every file under `folder` that contains one of the secret values (bytes, so binary files count too)."""
+    needles = [s.encode() for s in secrets if s]
+    if not needles:
+        return []
+    found = []
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if any(n in data for n in needles):
+            found.append(path)
+    return found
+
+
+def mask_secrets(folder: Path, secrets: Iterable[str]) -> list[Path]:
+    """Mask secret values in every text file under `folder`; delete a binary file that holds one.
+    Returns the files that were changed, so the run's summary can say so."""
+    values = sorted({s for s in secrets if s}, key=len, reverse=True)
+    changed = scan_secrets(folder, values)
+    for path in changed:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            path.unlink()
+            continue
+        for value in values:
+            text = text.replace(value, MASK)
+        write_atomic(path, text)
+    return changed

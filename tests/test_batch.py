@@ -1,0 +1,122 @@
+"""Batch runs without a server: notebook selection, parameters, merging parts, and a batch in which one notebook
+fails while the others and the summary survive (small synthetic notebooks, real papermill kernels)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from cookbook import batch
+from cookbook.cli.run import parse_params
+from cookbook.errors import CookbookError
+from cookbook.recipes import load_recipe
+from cookbook.results import CheckResult, Figure, Hardware, RunResults, read_results, write_results
+
+CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+PARAMS = 'RECIPE = None\nBASE_URL = None\nOUT_DIR = None\nHARDWARE = None\nINTERACTIVE = False'
+WRITES_PART = '''
+from pathlib import Path
+from cookbook.results import CheckResult, Hardware, RunResults, write_results
+part = RunResults(recipe=RECIPE, model="m", hardware=Hardware(kind="cpu", description="test cpu"),
+                  checks=[CheckResult(name="{name}", label="{name} label", status="pass", result="ok")])
+write_results(part, Path(OUT_DIR) / "parts" / "{name}.json")
+print("wrote {name}")'''
+
+
+def make_notebook(folder: Path, name: str, code: str) -> Path:
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell(PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    book.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(code)]
+    path = folder / f"{name}.ipynb"
+    nbformat.write(book, str(path))
+    return path
+
+
+def test_resolve_notebooks_by_name_short_name_and_path(tmp_path: Path) -> None:
+    default = batch.resolve_notebooks(None)
+    assert [p.stem for p in default] == list(batch.BATCH_NOTEBOOKS)
+    assert [p.stem for p in batch.resolve_notebooks(["verify", "02_launch"])] == ["03_verify", "02_launch"]
+    own = make_notebook(tmp_path, "mine", "pass")
+    assert batch.resolve_notebooks([own]) == [own]
+    with pytest.raises(CookbookError, match="--notebooks: unknown notebook 'nope'"):
+        batch.resolve_notebooks(["nope"])
+    with pytest.raises(CookbookError, match="--notebooks: no such notebook"):
+        batch.resolve_notebooks([tmp_path / "absent.ipynb"])
+
+
+def test_parse_params_and_hardware() -> None:
+    assert parse_params(["CONCURRENCY=4", "LENGTHS=[1000, 2000]", "NAME=abc"]) == {
+        "CONCURRENCY": 4, "LENGTHS": [1000, 2000], "NAME": "abc"}
+    with pytest.raises(CookbookError, match="--param"):
+        parse_params(["lower=1"])
+    assert batch.parse_hardware("gaudi2:four Gaudi 2 cards") == Hardware(kind="gaudi2", description="four Gaudi 2 cards")
+    assert batch.parse_hardware(None) is None
+    with pytest.raises(CookbookError, match="--hardware"):
+        batch.parse_hardware("gaudi2")
+
+
+def test_merge_parts(tmp_path: Path) -> None:
+    hw = Hardware(kind="cpu", description="c")
+    write_results(RunResults(recipe=CPU, model="m", hardware=hw, kv_pool_tokens=93184, started_at="2026-01-02"),
+                  tmp_path / "parts" / "launch.json")
+    write_results(RunResults(recipe=CPU, model="m", hardware=hw, started_at="2026-01-01",
+                             checks=[CheckResult(name="a", label="A", status="pass", result="1/1")],
+                             artifacts={"verify": "verify.png"}), tmp_path / "parts" / "verify.json")
+    write_results(RunResults(recipe=CPU, model="m", hardware=hw,
+                             performance=[Figure(name="single-stream", label="One", result="1 tokens/s")]),
+                  tmp_path / "parts" / "throughput.json")
+    merged = batch.merge_parts(tmp_path, load_recipe(CPU))
+    assert merged is not None
+    assert merged.kv_pool_tokens == 93184 and [c.name for c in merged.checks] == ["a"]
+    assert [f.name for f in merged.performance] == ["single-stream"]
+    assert merged.artifacts == {"verify": "verify.png"} and merged.started_at == "2026-01-01"
+    write_results(RunResults(recipe="other", model="m", hardware=hw), tmp_path / "parts" / "zz.json")
+    with pytest.raises(CookbookError, match="zz.json"):
+        batch.merge_parts(tmp_path, load_recipe(CPU))
+
+
+def test_prepare_run_dir_refuses_a_folder_with_files(tmp_path: Path) -> None:
+    recipe = load_recipe(CPU)
+    assert batch.prepare_run_dir(recipe, tmp_path / "new") == tmp_path / "new"
+    (tmp_path / "new" / "x").write_text("x")
+    with pytest.raises(CookbookError, match="--out"):
+        batch.prepare_run_dir(recipe, tmp_path / "new")
+
+
+def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(tmp_path: Path) -> None:
+    books = tmp_path / "books"
+    books.mkdir()
+    sources = [
+        make_notebook(books, "01_first", WRITES_PART.format(name="first")),
+        make_notebook(books, "02_broken", 'raise RuntimeError("planted failure")'),
+        make_notebook(books, "03_last", WRITES_PART.format(name="last")),
+    ]
+    run_dir = tmp_path / "run"
+    lines: list[str] = []
+    summary = batch.run_batch(load_recipe(CPU), "http://127.0.0.1:9", run_dir, sources, say=lines.append)
+
+    assert [(n.name, n.status) for n in summary.notebooks] == [("01_first", "ok"), ("02_broken", "failed"), ("03_last", "ok")]
+    assert summary.failed == ["02_broken"] and not summary.ok
+    assert summary.notebooks[1].error == "RuntimeError: planted failure"
+    # The failing notebook's executed copy holds the error; every notebook has its HTML report without code.
+    broken = nbformat.read(str(run_dir / "02_broken.ipynb"), as_version=4)
+    errors = [o for c in broken.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert errors and errors[0].evalue == "planted failure"
+    for name in ("01_first", "02_broken", "03_last"):
+        html = (run_dir / f"{name}.html").read_text()
+        assert "write_results(part" not in html  # no code in the report
+    assert "planted failure" in (run_dir / "02_broken.html").read_text()
+    # The parts of the notebooks that ran are merged; the summary, page and index are written.
+    results = read_results(run_dir / "results.json")
+    assert [c.name for c in results.checks] == ["first", "last"]
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert [n["status"] for n in saved["notebooks"]] == ["ok", "failed", "ok"]
+    assert "| first label | ok |" in (run_dir / "page.md").read_text()
+    index = (run_dir / "index.html").read_text()
+    assert "failed: 02_broken" in index and "02_broken.html" in index and "first label" in index
+    assert any("02_broken: failed" in line for line in lines)

