@@ -80,10 +80,9 @@ def filler_sentences(seed: int | str, count: int) -> list[str]:
 
 
 def filler_text(seed: int | str, count: int) -> str:
-    """Sentences joined into paragraphs of five; starts with a sentence, ends with a full stop."""
-    sentences = filler_sentences(seed, count)
-    paragraphs = [" ".join(sentences[i : i + 5]) for i in range(0, len(sentences), 5)]
-    return "\n\n".join(paragraphs)
+    """Sentences joined by single spaces: cut anywhere, the text never ends in whitespace that the prompt would
+    lose, so each filler token adds one prompt token and the fitting below converges."""
+    return " ".join(filler_sentences(seed, count))
 
 
 # -- needles -------------------------------------------------------------------------------------------------------
@@ -183,7 +182,11 @@ def build_haystack(endpoint: Endpoint, target_tokens: int, depth: float, needle:
     before = _sentence_boundary(filler, round(depth * budget), budget, full_stop[-1] if full_stop else None)
     after = budget - before
     prefix = endpoint.detokenize(filler[:before]) if before else ""
+    tried: set[int] = set()
     for _ in range(_MAX_FIT_ROUNDS):
+        while after in tried:  # a cut whose tokens merge with the next: step past it
+            after += 1
+        tried.add(after)
         suffix = endpoint.detokenize(filler[before : before + after]) if after > 0 else ""
         document = " ".join(part.strip() for part in (prefix, needle.sentence, suffix) if part.strip())
         messages = _messages(document, needle)

@@ -31,7 +31,7 @@ from .registry import CheckContext, CheckOutcome, check
 
 DEFAULT_DEPTHS = [0.1, 0.5, 0.9]
 # Without a recipe: the seeds' 65K, 131K and 244K of a 262,144-token context, as fractions of the server's.
-DEFAULT_LENGTH_FRACTIONS = [0.25, 0.5, 0.93]
+DEFAULT_LENGTH_FRACTIONS = [0.248, 0.5, 0.93]
 FIGURE_NAME = "needles.png"
 
 

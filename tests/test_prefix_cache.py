@@ -1,0 +1,199 @@
+"""cookbook.checks.prefix_cache: the judgement (unit) and the probe against both CPU recipes (integration)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cookbook.checks import CheckContext, run_checks
+from cookbook.checks.prefix_cache import (
+    CacheLayout,
+    PrefixCacheReport,
+    _cache_problems,
+    compare,
+    probe_prefix_cache,
+    read_hits,
+    result_text,
+    server_cache_config,
+)
+from cookbook.endpoint import Endpoint
+from cookbook.haystack import Answer
+from cookbook.recipes import Recipe
+
+CPU = CacheLayout(enabled=True, block_size=128, hits_from_request=2, source="test")
+HYBRID = CacheLayout(enabled=True, block_size=256, hits_from_request=3, source="test")
+OFF = CacheLayout(enabled=False, hits_from_request=2, source="test")
+
+
+def answer(text: str = "4829173", logprobs: tuple[float, ...] = (-0.5, -0.25), cached: int | None = 0) -> Answer:
+    tokens = [text[: len(text) // 2], text[len(text) // 2 :]]
+    return Answer(text=text, tokens=tokens, logprobs=list(logprobs), cached_tokens=cached, seconds=0.1)
+
+
+# -- unit ----------------------------------------------------------------------------------------------------------
+
+
+def test_compare_reports_bit_identity_and_the_largest_difference() -> None:
+    same = compare(answer(), answer(cached=384))
+    assert same.text_identical and same.bit_identical and same.max_logprob_diff == 0.0
+    close = compare(answer(), answer(logprobs=(-0.5, -0.31)))
+    assert close.text_identical and not close.bit_identical
+    assert close.max_logprob_diff == pytest.approx(0.06)
+    differs = compare(answer(), answer(text="4829999"))
+    assert not differs.text_identical and not differs.tokens_identical
+    assert differs.compared_tokens == 1  # the logprobs are compared up to the first different token
+    assert not compare(answer(logprobs=()), answer(logprobs=())).logprobs_returned
+
+
+def test_longest_hit_is_the_full_blocks_before_the_last_token() -> None:
+    assert CPU.longest_hit(2007) == 1920  # the research's measured case
+    assert HYBRID.longest_hit(2467) == 2304 and HYBRID.longest_hit(395) == 256
+    assert CPU.longest_hit(128) == 0 and CPU.longest_hit(129) == 128
+    assert OFF.longest_hit(100_000) == 0
+
+
+def test_cached_tokens_rules() -> None:
+    assert _cache_problems(CPU, 437, [0, 384], 2) == []
+    assert _cache_problems(CPU, 437, [None, 384], 2) == []
+    assert _cache_problems(HYBRID, 2467, [0, 0, 2304], 3) == []
+    assert _cache_problems(CPU, 120, [0, 0], 2) == []
+    [cold] = _cache_problems(CPU, 437, [256, 384], 2)
+    assert "cold request" in cold
+    [not_multiple] = _cache_problems(CPU, 437, [0, 300], 2)
+    assert "not a multiple of the 128-token block" in not_multiple
+    [too_many] = _cache_problems(CPU, 437, [0, 512], 2)
+    assert "more than the 384" in too_many
+    [short] = _cache_problems(CPU, 120, [0, 128], 2)
+    assert "shorter than one 128-token block" in short
+    [missed] = _cache_problems(HYBRID, 2467, [0, 0, 0], 3)
+    assert "request 3" in missed and "did not hit" in missed
+    [cached_when_off] = _cache_problems(OFF, 5000, [0, 4992], 2)
+    assert "prefix caching off" in cached_when_off
+
+
+def _report(layout: CacheLayout, expected: str, allowed: float, rows: list[tuple[int, list[int], float, str]]) -> PrefixCacheReport:
+    from cookbook.checks.prefix_cache import PromptReport, _judge
+
+    prompts = []
+    for tokens, cached, diff, text in rows:
+        cold, later = answer(), answer(text=text, logprobs=(-0.5, -0.25 - diff), cached=cached[-1])
+        report = PromptReport(
+            target_tokens=tokens, prompt_tokens=tokens, salt="s", cached_tokens=list(cached), seconds=[0.1] * len(cached),
+            metric_deltas=[float(c) for c in cached], hit_request=len(cached) if cached[-1] else None,
+            comparison=compare(cold, later), problems=_cache_problems(layout, tokens, list(cached), len(cached)),
+            cold_text=cold.text, compared_text=later.text,
+        )
+        _judge(report, expected, allowed)
+        prompts.append(report)
+    return PrefixCacheReport(layout=layout, logprobs_expected=expected, max_logprob_diff_allowed=allowed, prompts=prompts)  # type: ignore[arg-type]
+
+
+def test_result_text_in_the_seeds_wording() -> None:
+    hybrid = _report(HYBRID, "bit-identical", 0.0, [(200, [0, 0, 0], 0.0, "4829173"), (2467, [0, 0, 2304], 0.0, "4829173")])
+    assert hybrid.passed
+    assert result_text(hybrid) == (
+        "identical text and bit-identical logprobs 2/2; cached tokens a multiple of 256 on every hit "
+        "(the 200-token prompt, shorter than one block, never hit)"
+    )
+    cpu = _report(CPU, "close", 0.15, [(300, [0, 256], 0.0, "4829173"), (1500, [0, 1408], 0.0625, "4829173")])
+    assert cpu.passed
+    assert result_text(cpu) == (
+        "identical text 2/2, logprobs within 0.15 of the cold run (max diff 0.062; bit-identical 1/2); "
+        "cached tokens a multiple of 128 on every hit"
+    )
+    off = _report(OFF, "bit-identical", 0.0, [(6000, [0, 0], 0.0, "4829173")])
+    assert off.passed and result_text(off).endswith("nothing cached on any request (prefix caching off)")
+
+
+def test_result_text_names_what_failed() -> None:
+    shifted = _report(HYBRID, "bit-identical", 0.0, [(2467, [0, 0, 2304], 0.5, "4829173")])
+    assert not shifted.passed
+    assert result_text(shifted).startswith("identical text 1/1, bit-identical logprobs 0/1 (max diff 0.5)")
+    wrong_text = _report(CPU, "close", 0.15, [(1500, [0, 1408], 0.0, "1234567")])
+    assert not wrong_text.passed and result_text(wrong_text).startswith("identical text 0/1")
+    too_far = _report(CPU, "close", 0.15, [(1500, [0, 1408], 0.25, "4829173")])
+    assert not too_far.passed and "logprobs within 0.15 on 0/1 (max diff 0.25" in result_text(too_far)
+    odd_block = _report(CPU, "close", 0.15, [(1500, [0, 1400], 0.0, "4829173")])
+    assert not odd_block.passed and result_text(odd_block).endswith("cached tokens wrong on 1 of 1 prompts")
+
+
+# -- integration ---------------------------------------------------------------------------------------------------
+
+
+def _hits_or_zero(endpoint: Endpoint) -> float:
+    value = read_hits(endpoint)
+    assert value is not None, "the server's /metrics has no vllm:prefix_cache_hits_total"
+    return value
+
+
+@pytest.mark.integration
+def test_prefix_cache_check_on_smollm2(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    lengths = [120, 700, 2000]
+    before = _hits_or_zero(cpu_server)
+    started = time.monotonic()
+    results = run_checks(
+        CheckContext(cpu_server, cpu_recipe, params={"prefix_cache_prompt_tokens": lengths}), ["prefix-cache"]
+    )
+    [result] = results.checks
+    assert result.status == "pass", (result.result, [e.note for e in result.evidence])
+    prompts = result.details["prompts"]
+    assert [p["prompt_tokens"] for p in prompts] == lengths
+    for prompt in prompts:
+        cold, hit = prompt["cached_tokens"]
+        assert not cold
+        assert prompt["comparison"]["text_identical"]
+        assert prompt["comparison"]["max_logprob_diff"] <= cpu_recipe.verification.prefix_cache.max_logprob_diff
+        if prompt["prompt_tokens"] <= 128:
+            assert not hit
+        else:
+            assert hit and hit % 128 == 0 and hit == (prompt["prompt_tokens"] - 1) // 128 * 128
+            assert prompt["metric_deltas"][1] >= hit  # other engineers' traffic may add to it, never take away
+    cached = sum(p["cached_tokens"][1] or 0 for p in prompts)
+    assert _hits_or_zero(cpu_server) - before >= cached
+    assert "cached tokens a multiple of 128 on every hit" in result.result
+    assert result.label.startswith("Prefix-cache hit vs cold (`cache_salt`), greedy, 3 prompts of 120 to 2K tokens")
+    print(f"\nSmolLM2 prefix cache: {result.result} ({time.monotonic() - started:.1f} s)")
+
+
+@pytest.mark.integration
+def test_prefix_cache_check_on_the_hybrid(hybrid_server: Endpoint, hybrid_recipe: Recipe) -> None:
+    lengths = [200, 395, 2467]
+    started = time.monotonic()
+    results = run_checks(
+        CheckContext(hybrid_server, hybrid_recipe, params={"prefix_cache_prompt_tokens": lengths}), ["prefix-cache"]
+    )
+    [result] = results.checks
+    assert result.status == "pass", (result.result, [e.note for e in result.evidence])
+    prompts = {p["prompt_tokens"]: p for p in result.details["prompts"]}
+    # 'align' mode: the first two identical requests miss, the third hits with every full block before the last token.
+    assert prompts[200]["cached_tokens"] == [0, 0, 0]
+    assert prompts[395]["cached_tokens"] == [0, 0, 256]
+    assert prompts[2467]["cached_tokens"] == [0, 0, 2304]
+    assert all(p["comparison"]["bit_identical"] for p in prompts.values())
+    assert result.result.startswith("identical text and bit-identical logprobs 3/3; cached tokens a multiple of 256")
+    assert "third identical request" in result.label
+    print(f"\nHybrid prefix cache: {result.result} ({time.monotonic() - started:.1f} s)")
+
+
+@pytest.mark.integration
+def test_the_server_layout_matches_the_recipes(
+    cpu_server: Endpoint, cpu_recipe: Recipe, hybrid_server: Endpoint, hybrid_recipe: Recipe
+) -> None:
+    from cookbook.checks.prefix_cache import layout_from_server
+
+    for endpoint, recipe in ((cpu_server, cpu_recipe), (hybrid_server, hybrid_recipe)):
+        config = server_cache_config(endpoint)
+        assert config is not None
+        seen = layout_from_server(config)
+        assert (seen.enabled, seen.block_size, seen.hits_from_request) == (
+            recipe.prefix_caching.enabled, recipe.prefix_caching.block_size, recipe.prefix_caching.hits_from_request,
+        )
+
+
+@pytest.mark.integration
+def test_a_server_that_caches_fails_a_recipe_with_caching_off(cpu_server: Endpoint) -> None:
+    """The Qwen-AgentWorld expectation (nothing ever cached) against a server that does cache."""
+    report, evidence = probe_prefix_cache(cpu_server, [700], OFF, max_tokens=16)
+    assert not report.passed
+    assert "with prefix caching off" in evidence[0].note
+    assert "cached tokens reported on 1 of 1 prompts with prefix caching off" in result_text(report)
