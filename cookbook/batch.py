@@ -26,7 +26,7 @@ from .endpoint import Endpoint
 from .errors import CookbookError
 from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
-from .recipes import REPO_ROOT, Recipe, list_recipes, load_recipe
+from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
 from .results import Hardware, RunResults, now, read_results, write_results
 from .secrets import secret_values
 
@@ -58,6 +58,12 @@ def parse_hardware(text: str | None) -> Hardware | None:
 def default_out_dir(recipe: Recipe) -> Path:
     """Where a notebook run on its own writes: one stable folder per recipe, so its parts accumulate."""
     return RUNS_DIR / "interactive" / recipe.id.replace("/", "--")
+
+
+def save_json(model: BaseModel, out_dir: str | Path | None, recipe: Recipe, name: str) -> Path:
+    """Write a pydantic model as JSON into a notebook's output folder (None: the recipe's default folder)."""
+    folder = Path(out_dir) if out_dir else default_out_dir(recipe)
+    return write_atomic(folder / name, model.model_dump_json(indent=2) + "\n")
 
 
 @dataclass
@@ -167,6 +173,54 @@ def facts_frame(facts: list[Fact]) -> Any:
 
     rows = [(f.name, f.found, "" if f.expected is None else f.expected, {True: "yes", False: "NO", None: ""}[f.ok]) for f in facts]
     return pd.DataFrame(rows, columns=["Fact", "Server", "Recipe", "Match"])
+
+
+def required_fixes_frame(recipe: Recipe) -> Any:
+    """The recipe's Required fixes with the pack's metadata: kind, the check that shows the bug, payload present."""
+    import pandas as pd
+
+    from .fixpack import load_pack
+
+    rows = [(r.id, "yes" if r.opt_in else "", r.fix.kind, r.why, r.fix.check_label, "yes" if r.fix.has_payload else "no")
+            for r in load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why))]
+    return pd.DataFrame(rows, columns=["Fix", "Opt-in", "Kind", "Why this model needs it", "Shown by", "Payload in pack"])
+
+
+class FixState(BaseModel):
+    """What `fixes/apply_all.py --status` (or an apply) says about the recipe's image, as the tool reported it."""
+
+    command: list[str] = Field(description="The argv that ran (the image's interpreter first)")
+    exit_code: int
+    error: str = ""
+    fixes: list[dict[str, Any]] = Field(default_factory=list, description="Per fix: id, state, opt_in")
+    files: list[dict[str, Any]] = Field(default_factory=list, description="Per file: path, state, sha256 ...")
+    raw: dict[str, Any] = Field(default_factory=dict)
+
+
+def fix_state(recipe: Recipe, apply: bool = False, python: str | None = None) -> FixState:
+    """Ask the pack's own tool, in the recipe's image, for the state of the recipe's fixes (`apply`: apply them,
+    exactly as the launcher does before `vllm serve`). Read-only by default; never applies by another route."""
+    import json
+    import subprocess
+
+    from .image import cpu_image, system_image
+
+    if python is None:
+        image = cpu_image() if recipe.image.kind == "vllm-cpu" else system_image()
+        python = str(image.python)
+    tool = REPO_ROOT / "fixes" / "apply_all.py"
+    argv = [python, str(tool), *fix_command(recipe), "--json", *([] if apply else ["--status"])]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return FixState(command=argv, exit_code=-1, error=f"{type(exc).__name__}: {exc}")
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return FixState(command=argv, exit_code=proc.returncode, error=f"not JSON from apply_all.py: {tail}")
+    return FixState(command=argv, exit_code=proc.returncode, error=str(data.get("error", "")),
+                    fixes=list(data.get("fixes", [])), files=list(data.get("files", [])), raw=data)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ResultsError
+from .fixpack import load_pack
 from .recipes import REPO_ROOT, Recipe, render_launch_block
 from .results import RunResults, read_results
 
@@ -58,31 +59,11 @@ def glance_rows(recipe: Recipe) -> list[Row]:
     ]
 
 
-def _pack_fixes() -> tuple[dict[str, bool], dict[str, str], dict[str, list[str]]] | None:
-    """(opt-in flag per fix, the pack's own why per fix, fixes per profile) from the fix pack's metadata."""
-    try:
-        from . import fixpack  # type: ignore[attr-defined]
-    except ImportError:  # the pack's reader is not in this checkout
-        return None
-    pack = fixpack.load_pack()
-    opt_in = {name: bool(getattr(fix, "opt_in", False)) for name, fix in pack.fixes.items()}
-    why = {name: str(getattr(fix, "why", "")) for name, fix in pack.fixes.items()}
-    profiles: dict[str, list[str]] = {}
-    for name in getattr(pack, "profiles", {}) or {}:
-        profiles[name] = list(pack.profile(name).fixes)
-    return opt_in, why, profiles
-
-
 def fix_rows(recipe: Recipe) -> list[Row]:
-    """Required fixes: the recipe's per-model why, in its order, with "(opt-in)" from the pack's metadata.
-    A recipe that names no per-model reason lists its profile's fixes with the pack's own reason."""
-    pack = _pack_fixes()
-    opt_in = pack[0] if pack else {name: True for name in recipe.fixes.opt_in}
-    why = dict(recipe.fixes.why)
-    if not why and pack is not None:
-        for name in pack[2].get(recipe.fixes.profile, []):
-            why[name] = pack[1].get(name, "").split(". ")[0].rstrip(".")
-    return [(f"`{name}`" + (" (opt-in)" if opt_in.get(name) else ""), reason) for name, reason in why.items()]
+    """Required fixes: the recipe's per-model why in its order, "(opt-in)" from the fix pack's metadata; a recipe
+    that names no per-model reason lists every fix its profile applies, with the fix's own symptom."""
+    rows = load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why))
+    return [(f"`{row.id}`" + (" (opt-in)" if row.opt_in else ""), row.why) for row in rows]
 
 
 def verified_rows(results: RunResults) -> list[Row]:

@@ -16,11 +16,10 @@ except ImportError as exc:  # pragma: no cover - only without the notebook extra
     raise ImportError("cookbook.ui needs ipywidgets (pip install 'gaudi-cookbook[notebook]')") from exc
 
 from . import batch, report
-from .recipes import list_recipes
+from .recipes import list_recipes, load_recipe
 from .results import RunResults
 
 Tick = Callable[[str], None]
-Step = Callable[[batch.Session, Tick], Any]
 
 
 def recipe_picker(value: str) -> widgets.Dropdown:
@@ -44,17 +43,16 @@ def tqdm_ticks(total: int, desc: str) -> tuple[Tick, Any]:
 
 def step_panel(
     title: str,
-    step: Step,
-    total: Callable[[batch.Session], int],
+    step: Callable[[str, str | None, Tick], Any],
+    total: Callable[[str], int],
     show: Callable[[Any], None],
     recipe: str,
-    base_url: str | None,
-    out_dir: str | None,
-    hardware: str | None = None,
+    base_url: str | None = None,
     extra: list[widgets.Widget] | None = None,
+    server_field: bool = True,
 ) -> widgets.VBox:
-    """Recipe picker, server field, a Run button; a click opens a session, runs `step` with a live bar, shows it.
-    A session that had to launch its server stops it when the step is done."""
+    """Recipe picker, server field, a Run button; a click runs `step(recipe, base_url, tick)` under a live
+    tqdm.auto bar and shows what it returns below the buttons. Errors show as one line, like the CLI's."""
     picker = recipe_picker(recipe)
     server = widgets.Text(value=base_url or "", description="Server", placeholder="empty: launch the recipe's server",
                           layout=widgets.Layout(width="32em"))
@@ -65,54 +63,82 @@ def step_panel(
         button.disabled = True
         output.clear_output()
         with output:
-            session = None
             try:
-                session = batch.open_session(picker.value, server.value.strip() or None, out_dir, hardware)
-                tick, bar = tqdm_ticks(total(session), title)
-                result = step(session, tick)
+                tick, bar = tqdm_ticks(total(picker.value), title)
+                result = step(picker.value, server.value.strip() or None, tick)
                 bar.close()
                 show(result)
-            except Exception as exc:  # shown in the panel, one line, like the CLI
+            except Exception as exc:
                 print(f"error: {type(exc).__name__}: {exc}")
             finally:
-                if session is not None:
-                    session.close()
                 button.disabled = False
 
     button.on_click(on_click)
-    return widgets.VBox([picker, server, *(extra or []), button, output])
+    fields = [picker, *([server] if server_field else []), *(extra or [])]
+    return widgets.VBox([*fields, button, output])
+
+
+def with_session(
+    run: Callable[[batch.Session, Tick], Any], out_dir: str | None, hardware: str | None
+) -> Callable[[str, str | None, Tick], Any]:
+    """A step that needs a server: attach (or launch, stopped again afterwards) around `run`."""
+
+    def step(recipe: str, base_url: str | None, tick: Tick) -> Any:
+        session = batch.open_session(recipe, base_url, out_dir, hardware)
+        try:
+            return run(session, tick)
+        finally:
+            session.close()
+
+    return step
 
 
 def verify_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
-    """Pick checks and run them; the Verified table appears below with a bar per check."""
-    from .checks import CHECKS, selected_checks
+    """Pick checks and run them; the Verified table appears below."""
+    from .checks import CHECKS, run_checks, selected_checks
 
     chooser = widgets.SelectMultiple(options=list(CHECKS), description="Checks", rows=min(12, max(3, len(CHECKS))))
 
     def names() -> list[str] | None:
         return list(chooser.value) or None
 
-    def step(session: batch.Session, tick: Tick) -> RunResults:
-        from .checks import run_checks
-
+    def run(session: batch.Session, tick: Tick) -> RunResults:
         results = run_checks(session.check_context(), names=names(), progress=tick)
         session.write_part("verify", results)
         return results
 
-    def total(session: batch.Session) -> int:
-        return len(selected_checks(names(), session.recipe))
+    def total(recipe_id: str) -> int:
+        return len(selected_checks(names(), load_recipe(recipe_id)))
 
     def show(results: RunResults) -> None:
         display(report.checks_frame(results))
 
-    return step_panel("Run checks", step, total, show, recipe, base_url, out_dir, hardware, [chooser])
+    return step_panel("Run checks", with_session(run, out_dir, hardware), total, show, recipe, base_url, [chooser])
 
 
 def launch_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
     """Attach to a server (or launch the recipe's) and show what it says about itself against the recipe."""
 
-    def step(session: batch.Session, tick: Tick) -> Any:
-        tick("facts")
+    def run(session: batch.Session, tick: Tick) -> Any:
+        tick("server facts")
         return batch.facts_frame(batch.server_facts(session))
 
-    return step_panel("Check server", step, lambda _s: 1, display, recipe, base_url, out_dir, hardware)
+    return step_panel("Check server", with_session(run, out_dir, hardware), lambda _r: 1, display, recipe, base_url)
+
+
+def fixes_panel(recipe: str, apply: bool = False) -> widgets.VBox:
+    """The picked recipe's Required fixes and their state in its image (read-only unless `apply`)."""
+
+    def step(recipe_id: str, _base_url: str | None, tick: Tick) -> Any:
+        chosen = load_recipe(recipe_id)
+        tick("required fixes")
+        display(batch.required_fixes_frame(chosen))
+        tick("state in the image")
+        return batch.fix_state(chosen, apply=apply)
+
+    def show(state: batch.FixState) -> None:
+        print(f"apply_all.py exit code {state.exit_code}" + (f": {state.error}" if state.error else ""))
+        for row in state.fixes:
+            print(f"  {row.get('id', '?'):<28} {row.get('state', '?')}")
+
+    return step_panel("Show fix state", step, lambda _r: 2, show, recipe, server_field=False)
