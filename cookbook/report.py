@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from .pages import performance_note, performance_rows, verified_note, verified_rows, write_atomic
-from .results import RunResults
+from .results import CheckResult, RunResults
 from .secrets import MASK
 
 if TYPE_CHECKING:  # pandas and matplotlib are imported only where a table or a figure is built
@@ -62,6 +62,85 @@ def checks_figure(results: RunResults) -> "Figure":
     axes.set_xlabel("seconds")
     axes.set_title(f"{results.recipe}: checks on {results.hardware.description}", fontsize=9)
     figure.tight_layout()
+    return figure
+
+
+def prefix_cache_frame(check: CheckResult | None) -> "pd.DataFrame":
+    """Per prompt of the prefix-cache probe: cached tokens per request, text and logprob comparison, times."""
+    import pandas as pd
+
+    prompts = (check.details.get("prompts") if check else None) or []
+    rows = []
+    for p in prompts:
+        comparison = p["comparison"]
+        rows.append((
+            p.get("prompt_tokens") or p["target_tokens"], ", ".join(str(c) for c in p["cached_tokens"]),
+            comparison["text_identical"], comparison["bit_identical"], comparison["max_logprob_diff"],
+            round(p["seconds"][0], 2), round(p["seconds"][-1], 2), "; ".join(p.get("problems", [])),
+        ))
+    columns = ["Prompt tokens", "Cached tokens per request", "Same text", "Bit-identical", "Max |logprob diff|",
+               "Cold s", "Hit s", "Problems"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def prefix_cache_figure(check: CheckResult | None) -> "Figure":
+    """Left: prompt and cached tokens on the hit; right: max |logprob diff| of the hit against the allowed one."""
+    from matplotlib.figure import Figure
+
+    frame = prefix_cache_frame(check)
+    figure = Figure(figsize=(10, 3.6))
+    left, right = figure.subplots(1, 2)
+    labels = [str(n) for n in frame["Prompt tokens"]]
+    hits = [int(text.split(", ")[-1]) if text and text.split(", ")[-1].isdigit() else 0
+            for text in frame["Cached tokens per request"]]
+    left.bar(labels, frame["Prompt tokens"], color="#cfd8dc", label="prompt tokens")
+    left.bar(labels, hits, color="#1565c0", label="cached on the hit")
+    left.set_xlabel("prompt (tokens)")
+    left.set_ylabel("tokens")
+    left.legend(fontsize=8)
+    diffs = [d if d is not None else 0.0 for d in frame["Max |logprob diff|"]]
+    colours = ["#2e7d32" if same else "#c62828" for same in frame["Same text"]]
+    right.bar(labels, diffs, color=colours)
+    allowed = (check.details.get("max_logprob_diff_allowed") if check else None) or 0.0
+    if allowed:
+        right.axhline(allowed, color="#c62828", linestyle="--", linewidth=1, label=f"allowed {allowed:g}")
+        right.legend(fontsize=8)
+    right.set_xlabel("prompt (tokens)")
+    right.set_ylabel("max |hit - cold| logprob (red: text differs)")
+    status = f"{check.status}: {check.result}" if check else "not run"
+    figure.suptitle(f"Prefix-cache hit vs cold: {status}", fontsize=9, wrap=True)
+    if frame.empty:
+        left.text(0.5, 0.5, "no prompts in these results", ha="center", va="center", transform=left.transAxes)
+    figure.tight_layout()
+    return figure
+
+
+def needles_frame(check: CheckResult | None) -> "pd.DataFrame":
+    """The needle grid as depth x length: 'found 1.2 s' or 'MISSED 1.2 s' per cell."""
+    import pandas as pd
+
+    cells = (check.details.get("cells") if check else None) or []
+    rows = {}
+    for c in cells:
+        rows.setdefault(f"{c['depth']:.0%}", {})[c["prompt_tokens"]] = f"{'found' if c['found'] else 'MISSED'} {c['seconds']:.1f} s"
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    frame.index.name = "depth \\ tokens"
+    return frame
+
+
+def needles_figure(check: CheckResult | None) -> "Figure":
+    """The needle probe's depth x length heatmap; a placeholder that says why when the grid did not run."""
+    from matplotlib.figure import Figure
+
+    from .checks.needles import NeedleGrid
+    from .needle_plot import heatmap_figure
+
+    if check is not None and check.details.get("cells"):
+        return heatmap_figure(NeedleGrid.model_validate(check.details))
+    figure = Figure(figsize=(5, 1.6))
+    axes = figure.subplots()
+    axes.axis("off")
+    axes.text(0.5, 0.5, f"needles: {check.result if check else 'not run'}", ha="center", va="center", wrap=True)
     return figure
 
 

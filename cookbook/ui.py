@@ -93,27 +93,40 @@ def with_session(
     return step
 
 
-def verify_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
-    """Pick checks and run them; the Verified table appears below."""
+def checks_panel(
+    names: list[str] | None,
+    recipe: str,
+    base_url: str | None,
+    out_dir: str | None,
+    hardware: str | None = None,
+    part: str = "verify",
+) -> widgets.VBox:
+    """Pick checks (preselected: `names`) and run them; the table appears below and is saved as part `part`."""
     from .checks import CHECKS, run_checks, selected_checks
 
-    chooser = widgets.SelectMultiple(options=list(CHECKS), description="Checks", rows=min(12, max(3, len(CHECKS))))
+    chooser = widgets.SelectMultiple(options=list(CHECKS), value=tuple(names or ()), description="Checks",
+                                     rows=min(12, max(3, len(CHECKS))))
 
-    def names() -> list[str] | None:
+    def chosen() -> list[str] | None:
         return list(chooser.value) or None
 
     def run(session: batch.Session, tick: Tick) -> RunResults:
-        results = run_checks(session.check_context(), names=names(), progress=tick)
-        session.write_part("verify", results)
+        results = run_checks(session.check_context(), names=chosen(), progress=tick)
+        session.write_part(part, results)
         return results
 
     def total(recipe_id: str) -> int:
-        return len(selected_checks(names(), load_recipe(recipe_id)))
+        return len(selected_checks(chosen(), load_recipe(recipe_id)))
 
     def show(results: RunResults) -> None:
         display(report.checks_frame(results))
 
     return step_panel("Run checks", with_session(run, out_dir, hardware), total, show, recipe, base_url, [chooser])
+
+
+def verify_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
+    """The Verified checks (none preselected: the recipe's core set)."""
+    return checks_panel(None, recipe, base_url, out_dir, hardware)
 
 
 def launch_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
