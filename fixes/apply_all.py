@@ -804,6 +804,8 @@ def check_writable(image: Image, rels: list[str]) -> None:
     assert state is not None
     dirs = {state.parent} | {p.parent for p in (image.path(r) for r in rels) if p is not None}
     for d in sorted(dirs):
+        while not d.exists() and d != d.parent:  # a fix may create a folder: probe where it would go
+            d = d.parent
         probe = d / f".cbfix-probe-{os.getpid()}"
         try:
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -142,6 +142,16 @@ def test_file_mode_is_kept(env: tuple[Path, Path]) -> None:
     assert (site / "toypkg/a.py").stat().st_mode & 0o777 == 0o640
 
 
+def test_fix_creating_a_file_in_a_new_folder(tmp_path: Path) -> None:
+    site = make_site(tmp_path)
+    pack = make_pack(tmp_path, [FixSpec("adds", {"toypkg/extra/mod.py": b"X = 1\n"})])
+    assert run_tool(pack, site, *PROFILE).returncode == 0
+    assert (site / "toypkg/extra/mod.py").read_bytes() == b"X = 1\n"
+    assert run_tool(pack, site, "--revert").returncode == 0
+    assert not (site / "toypkg/extra/mod.py").exists()
+    assert code_files(site) == PRISTINE
+
+
 # -- selection: opt-ins, dependencies, conflicts, usage errors ----------------------------------------------
 
 def test_opt_in_creates_file_and_revert_refuses_to_strand_a_dependent(env: tuple[Path, Path]) -> None:
