@@ -7,10 +7,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..endpoint import Endpoint
+from ..endpoint import Endpoint, kv_pool_from_metrics, metric_value
 from ..errors import CookbookError, ServerDown
 from ..recipes import Recipe
 from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, this_machine
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """The server as the run found it; server-health compares against it to see a restart during the run."""
+
+    healthy: bool
+    process_start_time: float | None = None
+    kv_pool_tokens: int | None = None
+
+
+def snapshot_server(endpoint: Endpoint) -> RunStart:
+    """Health, process start time and KV pool now (one /health and one /metrics request)."""
+    if not endpoint.healthy():
+        return RunStart(healthy=False)
+    try:
+        metrics = endpoint.metrics()
+    except CookbookError:  # a server without /metrics still gets checked; server-health says what is missing
+        return RunStart(healthy=True)
+    return RunStart(True, metric_value(metrics, "process_start_time_seconds"), kv_pool_from_metrics(metrics))
+
+
+class CheckFailed(CookbookError):
+    """Raised inside a check to end it as a fail with evidence, e.g. when the server answers HTTP 500."""
+
+    def __init__(self, result: str, evidence: list[Evidence] | None = None) -> None:
+        super().__init__(result)
+        self.result = result
+        self.evidence = evidence or []
 
 
 @dataclass
@@ -23,6 +52,7 @@ class CheckContext:
     params: dict[str, Any] = field(default_factory=dict)
     request_timeout_s: float = 60.0
     hardware: Hardware | None = None  # what served the run; default: this machine for CPU recipes, else unknown
+    run_start: RunStart | None = None  # set by run_checks before the first check
 
     @property
     def max_tokens(self) -> int:
@@ -52,10 +82,13 @@ CheckFn = Callable[[CheckContext], CheckOutcome]
 @dataclass(frozen=True)
 class CheckSpec:
     name: str
-    label: str
+    label: str  # may hold "{concurrency}", filled in by label_for
     fn: CheckFn
     group: str  # "core" or "long-context"
     applies: Callable[[CheckContext], str | None]  # None if it applies, else why not
+
+    def label_for(self, ctx: CheckContext) -> str:
+        return self.label.replace("{concurrency}", str(ctx.concurrency))
 
 
 CHECKS: dict[str, CheckSpec] = {}
@@ -68,7 +101,8 @@ def _always(_ctx: CheckContext) -> str | None:
 def check(
     name: str, label: str, group: str = "core", applies: Callable[[CheckContext], str | None] = _always
 ) -> Callable[[CheckFn], CheckFn]:
-    """Register a check function under `name`; `label` is the Verified table's Check column."""
+    """Register a check function under `name`; `label` is the Verified table's Check column
+    ("{concurrency}" in it becomes the run's in-flight count)."""
 
     def register(fn: CheckFn) -> CheckFn:
         if name in CHECKS:
@@ -105,32 +139,43 @@ def run_hardware(ctx: CheckContext) -> Hardware:
 def run_checks(
     ctx: CheckContext, names: list[str] | None = None, progress: Callable[[str], None] | None = None
 ) -> RunResults:
-    """Run the selected checks in order. If the server goes down, the rest are 'not run: server down'."""
+    """Run the selected checks in order. If the server goes down, the rest are 'not run: server down'.
+
+    Before the first check the server's start time and KV pool are recorded (`ctx.run_start`), so that
+    server-health can tell a restart during the run; after a check that did not pass, /health decides whether
+    the server is still there.
+    """
     recipe = ctx.recipe
+    ctx.run_start = snapshot_server(ctx.endpoint)
     results = RunResults(
         recipe=recipe.id if recipe else "(none)",
         model=ctx.endpoint.model,
         hardware=run_hardware(ctx),
         image=recipe.image.label.replace("`", "") if recipe else "",
         started_at=now(),
+        kv_pool_tokens=ctx.run_start.kv_pool_tokens,
     )
-    server_down = False
+    server_down = not ctx.run_start.healthy
     for spec in selected_checks(names, recipe):
         if progress:
             progress(spec.name)
+        label = spec.label_for(ctx)
         skip_reason = recipe.verification.skip.get(spec.name) if recipe else None
         skip_reason = skip_reason or spec.applies(ctx)
         if server_down:
-            results.checks.append(CheckResult(name=spec.name, label=spec.label, status="not run", result="not run: server down"))
+            results.checks.append(CheckResult(name=spec.name, label=label, status="not run", result="not run: server down"))
             continue
         if skip_reason:
-            results.checks.append(CheckResult(name=spec.name, label=spec.label, status="skipped", result=f"not applicable: {skip_reason}"))
+            results.checks.append(CheckResult(name=spec.name, label=label, status="skipped", result=f"not applicable: {skip_reason}"))
             continue
         started = time.monotonic()
         status: Status
         try:
             outcome = spec.fn(ctx)
             status = "pass" if outcome.passed else "fail"
+        except CheckFailed as exc:
+            outcome = CheckOutcome(False, exc.result, exc.evidence)
+            status = "fail"
         except ServerDown as exc:
             server_down = True
             outcome = CheckOutcome(False, "not run: server down", [Evidence(note=str(exc))])
@@ -147,6 +192,8 @@ def run_checks(
                 tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
                 outcome = CheckOutcome(False, f"error: {tb}", [Evidence(note=tb)])
                 status = "error"
+        if status in ("fail", "error") and not ctx.endpoint.healthy():
+            server_down = True  # e.g. the request that failed took the engine down with it
         limitation = recipe.verification.known_limitations.get(spec.name) if recipe else None
         result_text = outcome.result
         if limitation and status == "fail":
@@ -155,7 +202,7 @@ def run_checks(
         results.checks.append(
             CheckResult(
                 name=spec.name,
-                label=outcome.label or spec.label,
+                label=outcome.label or label,
                 status=status,
                 result=result_text,
                 evidence=outcome.evidence,
@@ -165,3 +212,15 @@ def run_checks(
         )
     results.finished_at = now()
     return results
+
+
+def verified_table(results: RunResults) -> str:
+    """The seeds' Verified table (Check | Result) in Markdown, then the KV pool line. Only a pass shows bare:
+    a fail says so, a known limitation shows its measured result with the label."""
+    rows = ["| Check | Result |", "|---|---|"]
+    for c in results.checks:
+        shown = (f"fail: {c.result}" if c.status == "fail" else c.result).replace("|", "\\|")
+        rows.append(f"| {c.label} | {shown} |")
+    if results.kv_pool_tokens is not None:
+        rows += ["", f"KV pool at start-up: {results.kv_pool_tokens:,} tokens."]
+    return "\n".join(rows) + "\n"
