@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from .checks.registry import CheckContext, run_hardware
+from .checks.registry import CheckContext, RunStart, run_hardware, snapshot_server
 from .endpoint import Endpoint
 from .errors import CookbookError
 from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
 from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
-from .results import Hardware, RunResults, now, read_results, write_results
-from .secrets import secret_values
+from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, write_results
+from .secrets import mask, secret_values
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as MplFigure
@@ -303,6 +303,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
     except Exception as exc:  # the kernel died, a timeout, a malformed notebook: still one failed notebook
         status, error = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    error = mask(error, secret_values(os.environ))  # the summary is printed and shared: never a secret in it
     outcome = NotebookOutcome(name=source.stem, status=status, seconds=round(time.monotonic() - started, 1), error=error)
     if executed.exists():
         from .report import notebook_html
@@ -327,7 +328,35 @@ def merge_parts(run_dir: Path, recipe: Recipe) -> RunResults | None:
         else:
             started = min(filter(None, [merged.started_at, part.started_at]), default="")
             merged = merged.merge(part).model_copy(update={"started_at": started})
-    return merged
+    return None if merged is None else in_table_order(merged)
+
+
+def in_table_order(results: RunResults) -> RunResults:
+    """Checks in the Verified table's order (the registry's), whichever notebook ran them; others after."""
+    from .checks import CHECKS
+
+    rank = {name: i for i, name in enumerate(CHECKS)}
+    checks = sorted(results.checks, key=lambda c: rank.get(c.name, len(rank)))
+    return results.model_copy(update={"checks": checks})
+
+
+def whole_run_health(session: Session, start: RunStart) -> CheckResult:
+    """`server-health` over the whole batch: healthy now, and no restart since `start`, the server as the batch
+    found it before the first notebook (the verify notebook's own health check only covers that notebook)."""
+    from .checks import CHECKS
+
+    spec = CHECKS["server-health"]
+    ctx = session.check_context()
+    ctx.run_start = start
+    began = time.monotonic()
+    try:
+        outcome = spec.fn(ctx)
+        status: Literal["pass", "fail"] = "pass" if outcome.passed else "fail"
+        result, evidence, details = outcome.result, outcome.evidence, outcome.details
+    except CookbookError as exc:
+        status, result, evidence, details = "fail", f"not healthy after the run: {exc}", [Evidence(note=str(exc))], {}
+    return CheckResult(name=spec.name, label=spec.label, status=status, result=result, evidence=evidence,
+                       duration_s=round(time.monotonic() - began, 3), details={**details, "scope": "the whole batch"})
 
 
 def _verified_note(results: RunResults, launched: bool) -> str:
@@ -356,6 +385,8 @@ def run_batch(
     summary = BatchSummary(recipe=recipe.id, run_dir=str(run_dir.resolve()), base_url=base_url, launched=launched,
                            started_at=now())
     started = time.monotonic()
+    session = open_session(recipe, base_url, run_dir, hardware)
+    start = snapshot_server(session.endpoint)
     common = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
     for number, source in enumerate(sources, 1):
         say(f"[{number}/{len(sources)}] {source.stem} ...")
@@ -365,6 +396,10 @@ def run_batch(
             + (f" ({outcome.error})" if outcome.error else ""))
 
     results = merge_parts(run_dir, recipe)
+    if results is not None and results.check("server-health") is not None:
+        health = whole_run_health(session, start)
+        results = results.model_copy(update={"checks": [health if c.name == health.name else c for c in results.checks]})
+    session.close()
     if results is not None:
         results = results.model_copy(update={"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)})
         summary.results = write_results(results, run_dir / "results.json").name

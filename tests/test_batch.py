@@ -1,5 +1,5 @@
-"""Batch runs without a server: notebook selection, parameters, merging parts, and a batch in which one notebook
-fails while the others and the summary survive (small synthetic notebooks, real papermill kernels)."""
+"""Batch runs: notebook selection, parameters, merging parts (no server), and a batch in which one notebook fails
+while the others and the summary survive (small synthetic notebooks, real papermill kernels, the real server)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ import pytest
 
 from cookbook import batch
 from cookbook.cli.run import parse_params
+from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
 from cookbook.recipes import load_recipe
 from cookbook.results import CheckResult, Figure, Hardware, RunResults, read_results, write_results
@@ -80,6 +81,21 @@ def test_merge_parts(tmp_path: Path) -> None:
         batch.merge_parts(tmp_path, load_recipe(CPU))
 
 
+def test_a_dead_server_fails_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(CookbookError, match="127.0.0.1:9"):
+        batch.run_recipe(load_recipe(CPU), "http://127.0.0.1:9", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_checks_come_in_the_verified_tables_order() -> None:
+    hw = Hardware(kind="cpu", description="c")
+    names = ["needles", "server-health", "prefix-cache", "unknown-thing", "known-answer"]
+    results = RunResults(recipe=CPU, model="m", hardware=hw,
+                         checks=[CheckResult(name=n, label=n, status="pass", result="") for n in names])
+    ordered = [c.name for c in batch.in_table_order(results).checks]
+    assert ordered == ["known-answer", "prefix-cache", "needles", "server-health", "unknown-thing"]
+
+
 def test_prepare_run_dir_refuses_a_folder_with_files(tmp_path: Path) -> None:
     recipe = load_recipe(CPU)
     assert batch.prepare_run_dir(recipe, tmp_path / "new") == tmp_path / "new"
@@ -88,7 +104,8 @@ def test_prepare_run_dir_refuses_a_folder_with_files(tmp_path: Path) -> None:
         batch.prepare_run_dir(recipe, tmp_path / "new")
 
 
-def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(tmp_path: Path) -> None:
+@pytest.mark.integration
+def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(cpu_server: Endpoint, tmp_path: Path) -> None:
     books = tmp_path / "books"
     books.mkdir()
     sources = [
@@ -98,7 +115,7 @@ def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(tmp_path: P
     ]
     run_dir = tmp_path / "run"
     lines: list[str] = []
-    summary = batch.run_batch(load_recipe(CPU), "http://127.0.0.1:9", run_dir, sources, say=lines.append)
+    summary = batch.run_batch(load_recipe(CPU), cpu_server.base_url, run_dir, sources, say=lines.append)
 
     assert [(n.name, n.status) for n in summary.notebooks] == [("01_first", "ok"), ("02_broken", "failed"), ("03_last", "ok")]
     assert summary.failed == ["02_broken"] and not summary.ok
