@@ -1,0 +1,79 @@
+"""`cookbook bench --base-url URL [--recipe ID] [--workloads table,sweep] ...`: the Performance table, its detail,
+the sweep and the roofline, printed; optionally as results JSON and PNG figures."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..batch import parse_hardware
+from ..bench import TABLE, WORKLOADS, BenchConfig, format_report, run_performance_table
+from ..errors import CookbookError
+from ..plots import save_run_plots
+from ..results import write_results
+from ..roofline import roofline_rows
+from ._common import add_server_args, endpoint_from, recipe_from
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _workloads(text: str) -> list[str]:
+    names: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        names.extend(TABLE if part == "table" else [part])
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown workload {unknown[0]!r} (known: table, {', '.join(WORKLOADS)})")
+    return names
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="throughput and latency: the Performance table, a sweep, the roofline")
+    add_server_args(parser)
+    parser.add_argument("--workloads", type=_workloads, default=list(TABLE),
+                        help="comma-separated: table (= single,streams,cold), single, streams, cold, sweep (default table)")
+    parser.add_argument("--long-lengths", type=_ints, metavar="N,N,...",
+                        help="cold prompt lengths in tokens (default: the recipe's needle lengths, else the seeds' scaled)")
+    parser.add_argument("--streams", type=int, help="N of the N-stream figure and the sweep's top (default --max-num-seqs)")
+    parser.add_argument("--output-tokens", type=int, default=256, help="tokens per short-prompt stream (default 256)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one short request may take (default 300)")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write the results (the shared RunResults schema) here")
+    parser.add_argument("--plots", type=Path, metavar="DIR", help="write throughput.png, latency.png, roofline.png here")
+    parser.add_argument("--hardware", metavar="KIND:DESCRIPTION",
+                        help="what serves the model, e.g. 'gaudi2:four Gaudi 2 cards' (default: this machine for CPU recipes)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = recipe_from(args)
+    endpoint = endpoint_from(args, recipe)
+    if args.output_tokens <= 0 or (args.streams is not None and args.streams <= 0) or args.timeout <= 0:
+        raise CookbookError("--output-tokens, --streams and --timeout must be positive")
+    config = BenchConfig(
+        output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout
+    )
+    say = lambda line: print(f"bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    results = run_performance_table(endpoint, recipe, config, parse_hardware(args.hardware), args.workloads, say)
+    if args.plots:
+        paths = save_run_plots(results, recipe, args.plots)
+        base = args.json.parent if args.json else args.plots
+        results.artifacts.update({name: os.path.relpath(path, base) for name, path in paths.items()})
+        for path in paths.values():
+            say(f"wrote {path}")
+    if args.json:
+        write_results(results, args.json)
+        say(f"wrote {args.json}")
+    rows = roofline_rows(recipe, results.performance, results.hardware) if recipe else None
+    print(format_report(results, rows, recipe))
+    failed = sum(f.failed_requests for f in results.performance)
+    if failed:
+        errors = sorted({e for f in results.performance for e in f.details.get("errors", [])})
+        print(f"\n{failed} request(s) failed: {'; '.join(errors)[:500]}", file=sys.stderr)
+    endpoint.close()
+    return 1 if failed else 0

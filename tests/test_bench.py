@@ -1,0 +1,328 @@
+"""Unit tests of the benchmark library: statistics, aggregation, wording, plots; no vLLM server needed (a tiny
+local SSE server stands in where a stream must fail or time out)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cookbook import bench, plots
+from cookbook.bench import (
+    MEASURED_AS,
+    BatchResult,
+    BenchConfig,
+    StreamRequest,
+    StreamResult,
+    cold_figure,
+    detail_frame,
+    format_report,
+    n_streams_figure,
+    percentile,
+    run_batch,
+    single_stream_figure,
+    summarize,
+    sweep_figure,
+    sweep_levels,
+)
+from cookbook.cli.bench import _workloads
+from cookbook.endpoint import Endpoint
+from cookbook.errors import CookbookError
+from cookbook.recipes import load_recipe
+from cookbook.results import Hardware, RunResults
+from cookbook.roofline import HardwareFacts, roofline_rows
+
+CPU = Hardware(kind="cpu", description="2 vCPU x86_64 (vLLM CPU build)")
+
+
+def _stream(tokens: int, ttft: float, e2e: float, ok: bool = True, error: str = "") -> StreamResult:
+    gaps = [(e2e - ttft) / (tokens - 1)] * (tokens - 1) if ok and tokens > 1 else []
+    return StreamResult(ok=ok, error=error, output_tokens=tokens if ok else 0, ttft_s=ttft if ok else None,
+                        e2e_s=e2e if ok else None, itl_s=gaps, prompt_tokens=30)
+
+
+# -- statistics ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q: float) -> None:
+    rng = random.Random(q)
+    for size in (1, 2, 3, 10, 101):
+        values = [rng.uniform(0, 100) for _ in range(size)]
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_by_hand() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10, 20], 90) == pytest.approx(19.0)
+    assert percentile([5], 99) == 5
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_summarize() -> None:
+    s = summarize([4.0, 1.0, 3.0, 2.0])
+    assert (s.count, s.mean, s.p50) == (4, 2.5, 2.5)
+    assert s.p99 == pytest.approx(3.97)
+    empty = summarize([])
+    assert empty.count == 0 and empty.mean is None and empty.p99 is None
+
+
+# -- one stream ------------------------------------------------------------------------------------------------
+
+
+def test_sse_parser_joins_split_events_and_crlf() -> None:
+    parser = bench._SSE()
+    assert parser.feed(b'data: {"a": 1}\n\ndata: {"b"') == [b'{"a": 1}']
+    assert parser.feed(b': 2}\n\n: ping\n\ndata: [DONE]\r\n\r\n') == [b'{"b": 2}', b"[DONE]"]
+
+
+def _chunk(content: str | None = None, role: str | None = None, finish: str | None = None) -> bytes:
+    delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
+    return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
+
+
+def test_events_give_ttft_itl_and_usage_like_vllm_bench() -> None:
+    result = StreamResult()
+    state = {"sent": 100.0, "last": 100.0, "chunks": 0, "usage": 0}
+    assert bench._take_event(result, _chunk(content="", role="assistant"), 100.40, state)  # role chunk: not a token
+    bench._take_event(result, _chunk("Hello"), 100.50, state)
+    bench._take_event(result, _chunk(" world"), 100.52, state)
+    bench._take_event(result, _chunk("!", finish="length"), 100.55, state)
+    usage = {"choices": [], "usage": {"prompt_tokens": 31, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}}
+    bench._take_event(result, json.dumps(usage).encode(), 100.56, state)
+    assert not bench._take_event(result, b"[DONE]", 100.57, state)
+    assert result.ttft_s == pytest.approx(0.50)
+    assert result.itl_s == pytest.approx([0.02, 0.03])
+    assert (result.output_tokens, result.prompt_tokens, result.cached_tokens) == (3, 31, 0)
+    assert result.text == "Hello world!" and result.finish_reason == "length"
+    assert state["last"] == 100.55  # end to end stops at the last token, not at the usage chunk
+
+
+def test_stream_rates() -> None:
+    r = _stream(256, ttft=0.5, e2e=13.25)
+    assert r.tokens_per_s == pytest.approx(256 / 13.25)
+    assert r.tpot_s == pytest.approx(12.75 / 255)
+    assert _stream(1, 0.5, 0.5).tpot_s is None
+    assert _stream(0, 0, 0, ok=False, error="x").tokens_per_s is None
+
+
+# -- aggregation -----------------------------------------------------------------------------------------------
+
+
+def _batch() -> BatchResult:
+    results = [_stream(256, 0.2, 10.0), _stream(256, 0.3, 12.0), _stream(256, 0.4, 16.0),
+               _stream(0, 0, 0, ok=False, error="no complete answer within 300 s")]
+    return BatchResult(streams=4, results=results, wall_s=16.1, client_cpu_s=0.05, other_requests_at_start=0)
+
+
+def test_aggregate_is_all_tokens_over_the_wall_time_and_failures_are_counted() -> None:
+    batch = _batch()
+    assert batch.failed == 1 and len(batch.ok) == 3
+    assert batch.generated_tokens == 768
+    assert batch.aggregate_tokens_per_s == pytest.approx(768 / 16.1)
+    assert batch.per_stream_tokens_per_s == pytest.approx((25.6 + 256 / 12 + 16) / 3)
+    m = batch.metrics()
+    assert (m["requests"], m["failed"], m["streams"]) == (4, 1, 4)
+    assert m["ttft_ms_p50"] == pytest.approx(300.0)
+    assert m["e2e_s_mean"] == pytest.approx(38 / 3, abs=1e-3)
+    assert batch.errors() == ["no complete answer within 300 s"]
+
+
+def test_empty_batch_has_no_rates() -> None:
+    batch = BatchResult(streams=2, results=[_stream(0, 0, 0, ok=False, error="e")] * 2, wall_s=1.0)
+    assert batch.aggregate_tokens_per_s is None and batch.per_stream_tokens_per_s is None
+    figure = n_streams_figure(batch, 256, CPU)
+    assert figure.result == "failed" and figure.failed_requests == 2
+
+
+# -- figures in the seeds' words -------------------------------------------------------------------------------
+
+
+def test_single_and_n_stream_figures_use_the_seed_wording() -> None:
+    single = single_stream_figure(BatchResult(1, [_stream(256, 0.1, 256 / 26.3)], 256 / 26.3 + 0.001), 256, CPU)
+    assert (single.name, single.label, single.result) == ("single-stream", "One stream, short prompt, 256 tokens", "26.3 tokens/s")
+    assert single.measured_as.startswith(MEASURED_AS) and CPU.description in single.measured_as
+    assert single.metrics["tokens_per_s"] == pytest.approx(26.3, abs=0.01)
+    assert single.metrics["streams"] == 1 and single.metrics["output_tokens"] == 256
+
+    batch = _batch()
+    many = n_streams_figure(batch, 256, CPU)
+    assert many.label == "4 streams, short prompts, 256 tokens each"
+    assert many.result == f"{768 / 16.1:.1f} tokens/s aggregate, {batch.per_stream_tokens_per_s:.1f} per stream"
+    assert many.failed_requests == 1 and many.details["errors"] == ["no complete answer within 300 s"]
+    assert many.details["hardware"]["kind"] == "cpu"
+
+
+def test_cold_figure_range_and_single_value() -> None:
+    runs = [(0.1, _stream(32, 30.0, 33.2), {}), (0.5, _stream(32, 40.0, 46.4), {}), (0.9, _stream(32, 35.0, 38.0), {})]
+    figure = cold_figure(131_000, runs, 32, CPU, warmup_s=None)
+    assert (figure.name, figure.label) == ("cold-prompt-131K", "Cold prompt of 131K tokens (needle)")
+    assert figure.result == "33 to 46 s to the answer"
+    assert figure.metrics["seconds_to_answer_min"] == pytest.approx(33.2)
+    assert figure.metrics["seconds_to_answer_max"] == pytest.approx(46.4)
+    one = cold_figure(7000, [(0.5, _stream(32, 1.1, 1.84), {})], 32, CPU, warmup_s=3.0)
+    assert one.result == "1.8 s to the answer" and one.details["warmup_cold_prefill_s"] == 3.0
+    assert "fresh cache_salt" in one.measured_as
+    failed = cold_figure(7000, [(0.5, _stream(0, 0, 0, ok=False, error="HTTP 400: too long"), {})], 32, CPU, None)
+    assert failed.result == "failed" and failed.failed_requests == 1 and failed.details["errors"] == ["HTTP 400: too long"]
+
+
+def test_sweep_levels() -> None:
+    assert sweep_levels(8) == [1, 2, 4, 8]
+    assert sweep_levels(16) == [1, 2, 4, 8, 16]
+    assert sweep_levels(6) == [1, 2, 4, 6]
+    assert sweep_levels(1) == [1]
+
+
+def test_long_lengths() -> None:
+    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert bench.long_lengths(BenchConfig(), None, 262_144) == [65_000, 131_000, 244_000]  # the seeds'
+    assert bench.long_lengths(BenchConfig(), smol, 8192) == list(smol.verification.needles.lengths)  # type: ignore[union-attr]
+    assert bench.long_lengths(BenchConfig(long_lengths=[500, 9000]), smol, 8192) == [500, 8192 - 32]  # capped to fit
+
+
+def _sweep_frame() -> pd.DataFrame:
+    rows = []
+    for streams, agg in ((1, 45.0), (2, 88.0), (4, 160.0), (8, 260.0)):
+        batch = BatchResult(streams, [_stream(64, 0.05 * streams, 64 * streams / agg)] * streams, 64 * streams / agg)
+        rows.append({**batch.metrics(), "output_tokens": 64})
+    return pd.DataFrame(rows)
+
+
+def test_sweep_figure_keeps_every_row() -> None:
+    figure = sweep_figure(_sweep_frame(), CPU)
+    assert figure.name == "sweep"
+    assert [r["streams"] for r in figure.details["rows"]] == [1, 2, 4, 8]
+    assert figure.result.endswith("tokens/s aggregate at 1, 2, 4, 8 streams")
+    assert figure.metrics["peak_streams"] == 8
+    back = bench.sweep_frame(RunResults(recipe="r", model="m", hardware=CPU, performance=[figure]))
+    assert list(back["streams"]) == [1, 2, 4, 8]
+
+
+def test_report_text_and_detail_frame() -> None:
+    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    results = RunResults(recipe=recipe.id, model=recipe.served_model_name, hardware=CPU, performance=[
+        single_stream_figure(BatchResult(1, [_stream(256, 0.1, 5.0)], 5.0), 256, CPU),
+        n_streams_figure(_batch(), 256, CPU),
+        cold_figure(1000, [(0.5, _stream(32, 1.0, 1.5), {})], 32, CPU, None),
+        sweep_figure(_sweep_frame(), CPU),
+    ])
+    facts = HardwareFacts(kind="cpu", bandwidth_per_card=30e9, source="declared")
+    rows = roofline_rows(recipe, results.performance, facts)
+    assert [r.figure for r in rows][:2] == ["single-stream", "sweep@1"]
+    text = format_report(results, rows, recipe)
+    assert "Test" in text and "| Result" in text
+    assert "One stream, short prompt, 256 tokens" in text
+    assert "(1 failed requests)" in text  # the page's own rows: a failure is shown beside the figure
+    assert "Roofline" in text and "verdict:" in text and "MBU" in text
+    frame = detail_frame(results)
+    assert list(frame["figure"]) == ["single-stream", "n-streams", "cold-prompt-1K"]
+    assert frame.loc[1, "failed"] == 1
+
+
+def test_unknown_workload_is_refused() -> None:
+    with pytest.raises(CookbookError, match="unknown workload"):
+        bench.run_performance_table(Endpoint("http://127.0.0.1:9", "m"), workloads=["bogus"], hardware=CPU)
+    assert _workloads("table,sweep") == ["single", "streams", "cold", "sweep"]
+
+
+def test_run_inside_a_running_loop() -> None:
+    async def inner() -> int:
+        return 7
+
+    async def notebook_cell() -> int:
+        return bench._run(inner())
+
+    assert asyncio.run(notebook_cell()) == 7
+
+
+# -- plots -----------------------------------------------------------------------------------------------------
+
+
+def test_plots_render_headless(tmp_path: Path) -> None:
+    paths = plots.plot_sweep(_sweep_frame(), tmp_path, "SmolLM2 on a CPU")
+    assert set(paths) == {"throughput", "latency"}
+    recipe = load_recipe("Qwen/Qwen3-Coder-Next")
+    from cookbook.results import read_results
+
+    published = read_results(recipe.folder / "results.json")
+    rows = roofline_rows(recipe, published.performance, published.hardware)
+    paths["roofline"] = plots.save(plots.roofline_figure(rows, recipe), tmp_path / "roofline.png")
+    for path in paths.values():
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- failures and timeouts against a stand-in server -----------------------------------------------------------
+
+
+class _FakeServer(BaseHTTPRequestHandler):
+    """Streams `tokens` chunks; 'slow' in the prompt sleeps between chunks, 'fail' answers HTTP 500."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["messages"][0]["content"]
+        if "fail" in prompt:
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "boom"}}')
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        tokens = body["max_tokens"]
+        self.wfile.write(b"data: " + _chunk(content="", role="assistant") + b"\n\n")
+        for i in range(tokens):
+            if "slow" in prompt:
+                time.sleep(0.2)
+            last = "length" if i == tokens - 1 else None
+            self.wfile.write(b"data: " + _chunk(f" t{i}", finish=last) + b"\n\n")
+            self.wfile.flush()
+        usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}
+        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Endpoint]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "fake")
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_failed_and_a_timed_out_request_are_counted_not_dropped(fake_server: Endpoint) -> None:
+    requests = [
+        StreamRequest([{"role": "user", "content": "hello"}], 8, timeout_s=10),
+        StreamRequest([{"role": "user", "content": "fail"}], 8, timeout_s=10),
+        StreamRequest([{"role": "user", "content": "slow"}], 20, timeout_s=0.5),
+    ]
+    batch = run_batch(fake_server, requests)
+    good, failed, slow = batch.results
+    assert good.ok and good.output_tokens == 8 and len(good.itl_s) == 7 and good.text.startswith(" t0")
+    assert not failed.ok and failed.error.startswith("HTTP 500")
+    assert not slow.ok and slow.error == "no complete answer within 0.5 s"
+    assert batch.failed == 2 and batch.generated_tokens == 8
+    assert batch.other_requests_at_start is None  # this server has no /metrics
+    figure = n_streams_figure(batch, 8, CPU)
+    assert figure.failed_requests == 2 and len(figure.details["errors"]) == 2
