@@ -155,3 +155,28 @@ def fixes_panel(recipe: str, apply: bool = False) -> widgets.VBox:
             print(f"  {row.get('id', '?'):<28} {row.get('state', '?')}")
 
     return step_panel("Show fix state", step, lambda _r: 2, show, recipe, server_field=False)
+
+
+def bench_panel(
+    recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None, output_tokens: int = 256
+) -> widgets.VBox:
+    """Pick workloads and run them; the Performance table appears below, each workload a step of the bar."""
+    from . import bench
+
+    chooser = widgets.SelectMultiple(options=list(bench.WORKLOADS), value=tuple(bench.TABLE), description="Workloads")
+    tokens = widgets.BoundedIntText(value=output_tokens, min=1, max=8192, description="Tokens")
+
+    def run(session: batch.Session, tick: Tick) -> RunResults:
+        config = bench.BenchConfig(output_tokens=tokens.value)
+        results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware,
+                                              list(chooser.value), progress=tick)
+        session.write_part("throughput", results)
+        return results
+
+    def total(_recipe_id: str) -> int:
+        return len(chooser.value) + 1  # a warm-up, then each workload (the sweep and cold prompts tick per step)
+
+    def show(results: RunResults) -> None:
+        display(report.figures_frame(results))
+
+    return step_panel("Run benchmarks", with_session(run, out_dir, hardware), total, show, recipe, base_url, [chooser, tokens])

