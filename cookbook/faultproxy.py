@@ -229,7 +229,7 @@ class BatchedSamplingIgnored(Fault):
 
     name = "batched-sampling-ignored"
     catches = ("sampling-concurrent",)
-    symptom = r"ignored"
+    symptom = r"with others in flight"
     params = ("logit_bias", "min_p", "min_tokens", "bad_words", "seed", "response_format")
 
     def request(self, ex: Exchange) -> Reply | None:

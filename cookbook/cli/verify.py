@@ -1,0 +1,91 @@
+"""`cookbook verify --base-url URL [--recipe ID] [--model NAME] [--checks a,b] [--json OUT] [--hardware TEXT]`.
+
+Prints the Verified table (Check | Result) and the KV pool line; exits 0 only if every check passed, is a known
+limitation of the recipe's model, or does not apply. The JSON is written even when the server dies mid-run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..checks import CheckContext, run_checks, selected_checks
+from ..checks.registry import verified_table
+from ..endpoint import Endpoint
+from ..errors import CookbookError
+from ..launch import attach
+from ..results import Hardware, RunResults, write_results
+from ._common import add_server_args, recipe_from
+
+EVIDENCE_SHOWN = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify", help="run the Verified checks against a server; exit 0 only if every check meets the recipe"
+    )
+    add_server_args(parser)
+    parser.add_argument("--checks", metavar="A,B", help="checks or groups (core, long-context); default: the recipe's, else core")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write the run's results (the results schema) here")
+    parser.add_argument(
+        "--hardware", metavar="TEXT", help="what served the run, e.g. 'four Gaudi 2 cards' (default: this machine for CPU recipes, else unknown)"
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per request (default 60)")
+    parser.set_defaults(run=run)
+
+
+def parse_checks(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise CookbookError("--checks: empty name in the list (write e.g. known-answer,seed)")
+    return names
+
+
+def hardware_from(text: str | None) -> Hardware | None:
+    """--hardware TEXT as the results' hardware; the kind is read from the words, else 'unknown'."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise CookbookError("--hardware: empty")
+    words = text.lower().replace("-", " ")
+    kind = next((k for k, w in (("gaudi3", "gaudi 3"), ("gaudi2", "gaudi 2"), ("cpu", "cpu")) if w in words or k in words), "unknown")
+    return Hardware(kind=kind, description=text.strip())
+
+
+def evidence_lines(results: RunResults) -> list[str]:
+    """One line per piece of evidence (at most two per check) for every check that did not pass."""
+    lines = []
+    for c in results.checks:
+        if c.status == "pass" or c.status == "skipped":
+            continue
+        for e in c.evidence[:EVIDENCE_SHOWN]:
+            lines.append(f"- {c.name} ({c.status}): {e.note}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    names = parse_checks(args.checks)
+    if args.timeout <= 0:
+        raise CookbookError("--timeout: must be a positive number of seconds")
+    recipe = recipe_from(args)
+    selected_checks(names, recipe)  # unknown names fail here, before any request
+    if not args.base_url:
+        raise CookbookError("--base-url: required (start a server with `cookbook serve RECIPE`)")
+    model = args.model or (recipe.served_model_name if recipe else None)
+    # With a model name known, a server that is already down still gets a full table of "not run" (and its JSON).
+    endpoint = Endpoint(args.base_url, model) if model else attach(args.base_url)
+    endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)
+    ctx = CheckContext(endpoint, recipe, request_timeout_s=args.timeout, hardware=hardware_from(args.hardware))
+    started = time.monotonic()
+    results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
+    if args.json:
+        write_results(results, args.json)
+    print(verified_table(results), end="")
+    evidence = evidence_lines(results)
+    if evidence:
+        print("\nEvidence:\n" + "\n".join(evidence))
+    print(f"verify: {len(results.checks)} checks in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0 if results.all_ok else 1
