@@ -327,7 +327,9 @@ def merge_parts(run_dir: Path, recipe: Recipe) -> RunResults | None:
             merged = part
         else:
             started = min(filter(None, [merged.started_at, part.started_at]), default="")
-            merged = merged.merge(part).model_copy(update={"started_at": started})
+            notes = {"verified_note": merged.verified_note or part.verified_note,
+                     "performance_note": merged.performance_note or part.performance_note}
+            merged = merged.merge(part).model_copy(update={"started_at": started, **notes})
     return None if merged is None else in_table_order(merged)
 
 

@@ -68,7 +68,7 @@ def test_merge_parts(tmp_path: Path) -> None:
     write_results(RunResults(recipe=CPU, model="m", hardware=hw, started_at="2026-01-01",
                              checks=[CheckResult(name="a", label="A", status="pass", result="1/1")],
                              artifacts={"verify": "verify.png"}), tmp_path / "parts" / "verify.json")
-    write_results(RunResults(recipe=CPU, model="m", hardware=hw,
+    write_results(RunResults(recipe=CPU, model="m", hardware=hw, performance_note="Single runs (measured as: x).",
                              performance=[Figure(name="single-stream", label="One", result="1 tokens/s")]),
                   tmp_path / "parts" / "throughput.json")
     merged = batch.merge_parts(tmp_path, load_recipe(CPU))
@@ -76,6 +76,7 @@ def test_merge_parts(tmp_path: Path) -> None:
     assert merged.kv_pool_tokens == 93184 and [c.name for c in merged.checks] == ["a"]
     assert [f.name for f in merged.performance] == ["single-stream"]
     assert merged.artifacts == {"verify": "verify.png"} and merged.started_at == "2026-01-01"
+    assert merged.performance_note == "Single runs (measured as: x)."
     write_results(RunResults(recipe="other", model="m", hardware=hw), tmp_path / "parts" / "zz.json")
     with pytest.raises(CookbookError, match="zz.json"):
         batch.merge_parts(tmp_path, load_recipe(CPU))
