@@ -59,10 +59,6 @@ _KEYS = (
     "the green lantern", "the quiet library", "the eastern gate", "the yellow kite", "the marble fountain",
 )
 
-INSTRUCTION = (
-    "Below is a long document. Somewhere in it is one special magic number. Read the document, then answer the "
-    "question after it."
-)
 
 
 def filler_sentences(seed: int | str, count: int) -> list[str]:
@@ -98,7 +94,16 @@ class Needle(BaseModel):
 
     @property
     def sentence(self) -> str:
-        return f"The special magic number for {self.key} is {self.value}."
+        return f"The special magic number for {self.key} is: {self.value}."
+
+    @property
+    def instruction(self) -> str:
+        """Said before the document. Naming the key up front (and the colon in the sentence) gave SmolLM2-135M
+        5/6 instead of 2/6 at 7.6K tokens, depth 0.1; the scoring is the same."""
+        return (
+            f"Below is a long document. Somewhere in it is the special magic number for {self.key}. "
+            "Read the document, then answer the question after it."
+        )
 
     @property
     def question(self) -> str:
@@ -144,7 +149,7 @@ class Haystack(BaseModel):
 
 
 def _messages(document: str, needle: Needle) -> list[dict[str, str]]:
-    content = f"{INSTRUCTION}\n\n<document>\n{document}\n</document>\n\n{needle.question}"
+    content = f"{needle.instruction}\n\n<document>\n{document}\n</document>\n\n{needle.question}"
     return [{"role": "user", "content": content}]
 
 
@@ -346,3 +351,9 @@ def join_words(words: list[str]) -> str:
     if len(words) <= 1:
         return "".join(words)
     return f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def seed_param(params: dict[str, Any]) -> int | str:
+    """The probes' seed from check parameters; a notebook may pass None for 'the default', which is 0."""
+    seed = params.get("seed")
+    return 0 if seed is None else seed

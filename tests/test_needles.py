@@ -11,6 +11,7 @@ from cookbook.checks.needles import NeedleCell, NeedleGrid, default_lengths, res
 from cookbook.endpoint import Endpoint
 from cookbook.needle_plot import save_heatmap
 from cookbook.recipes import Recipe
+from cookbook.results import CheckResult
 
 
 def cell(length: int, depth: float, found: bool, seconds: float = 1.0, cached: int | None = 0) -> NeedleCell:
@@ -89,3 +90,46 @@ def test_needle_grid_on_smollm2(cpu_server: Endpoint, cpu_recipe: Recipe, tmp_pa
 def test_needles_do_not_run_on_the_random_weight_hybrid(hybrid_server: Endpoint, hybrid_recipe: Recipe) -> None:
     [result] = run_checks(CheckContext(hybrid_server, hybrid_recipe), ["needles"]).checks
     assert result.status == "skipped" and "random weights" in result.result
+
+
+# -- through the fault proxy ---------------------------------------------------------------------------------------
+
+
+def _needles_through(server: Endpoint, recipe: Recipe, fault: object, lengths: list[int], depths: list[float]) -> CheckResult:
+    from cookbook.faultproxy import FaultProxy
+
+    with FaultProxy(server.base_url, fault) as proxy:  # type: ignore[arg-type]
+        params = {"needle_lengths": lengths, "needle_depths": depths}
+        ctx = CheckContext(Endpoint(proxy.base_url, server.model), recipe, params=params)
+        [result] = run_checks(ctx, ["needles"]).checks
+    return result
+
+
+@pytest.mark.integration
+def test_a_needle_lost_beyond_a_depth_fails_the_grid(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    from cookbook.faults_longctx import NeedleLostBeyond
+
+    result = _needles_through(cpu_server, cpu_recipe, NeedleLostBeyond(depth=0.5), [800], [0.1, 0.9])
+    assert result.status == "fail"
+    assert result.result == "1/2 at 800 tokens"
+    [miss] = [c for c in result.details["cells"] if not c["found"]]
+    assert miss["depth"] == 0.9
+    assert "expected" in result.evidence[0].note and "at depth 0.9" in result.evidence[0].note
+
+
+@pytest.mark.integration
+def test_a_needle_lost_beyond_a_length_fails_the_grid(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    from cookbook.faults_longctx import NeedleLostBeyond
+
+    result = _needles_through(cpu_server, cpu_recipe, NeedleLostBeyond(depth=None, tokens=1500), [800, 2000], [0.5])
+    assert result.status == "fail"
+    assert result.result == "1/1 at 800, 0/1 at 2K tokens"
+
+
+@pytest.mark.integration
+def test_cached_tokens_on_a_cold_cell_fail_the_grid(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    from cookbook.faults_longctx import CachedOnCold
+
+    result = _needles_through(cpu_server, cpu_recipe, CachedOnCold(), [800], [0.5])
+    assert result.status == "fail"
+    assert result.result == "1/1 at 800 tokens; 1 cell not cold (cached tokens with a fresh cache_salt)"

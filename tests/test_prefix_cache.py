@@ -19,6 +19,7 @@ from cookbook.checks.prefix_cache import (
 from cookbook.endpoint import Endpoint
 from cookbook.haystack import Answer
 from cookbook.recipes import Recipe
+from cookbook.results import CheckResult
 
 CPU = CacheLayout(enabled=True, block_size=128, hits_from_request=2, source="test")
 HYBRID = CacheLayout(enabled=True, block_size=256, hits_from_request=3, source="test")
@@ -71,21 +72,44 @@ def test_cached_tokens_rules() -> None:
     assert "prefix caching off" in cached_when_off
 
 
-def _report(layout: CacheLayout, expected: str, allowed: float, rows: list[tuple[int, list[int], float, str]]) -> PrefixCacheReport:
-    from cookbook.checks.prefix_cache import PromptReport, _judge
+def _report(
+    layout: CacheLayout, expected: str, allowed: float, rows: list[tuple[int, list[int], float, str]]
+) -> PrefixCacheReport:
+    """Prompts whose last request answers `text` with its second logprob moved by `diff`; the others match cold."""
+    from cookbook.checks.prefix_cache import PromptReport, _judge, combine
 
     prompts = []
     for tokens, cached, diff, text in rows:
-        cold, later = answer(), answer(text=text, logprobs=(-0.5, -0.25 - diff), cached=cached[-1])
+        cold = answer()
+        answers = [cold, *(answer(cached=c) for c in cached[1:-1])]
+        answers.append(answer(text=text, logprobs=(-0.5, -0.25 - diff), cached=cached[-1]))
+        comparisons = [compare(cold, later) for later in answers[1:]]
         report = PromptReport(
-            target_tokens=tokens, prompt_tokens=tokens, salt="s", cached_tokens=list(cached), seconds=[0.1] * len(cached),
-            metric_deltas=[float(c) for c in cached], hit_request=len(cached) if cached[-1] else None,
-            comparison=compare(cold, later), problems=_cache_problems(layout, tokens, list(cached), len(cached)),
-            cold_text=cold.text, compared_text=later.text,
+            target_tokens=tokens, prompt_tokens=tokens, salt="s", cached_tokens=list(cached),
+            seconds=[0.1] * len(cached), metric_deltas=[float(c) for c in cached],
+            hit_request=next((n for n, c in enumerate(cached, 1) if c), None), comparisons=comparisons,
+            comparison=combine(comparisons), problems=_cache_problems(layout, tokens, list(cached), len(cached)),
+            texts=[a.text for a in answers],
         )
         _judge(report, expected, allowed)
         prompts.append(report)
-    return PrefixCacheReport(layout=layout, logprobs_expected=expected, max_logprob_diff_allowed=allowed, prompts=prompts)  # type: ignore[arg-type]
+    return PrefixCacheReport(
+        layout=layout, logprobs_expected=expected, max_logprob_diff_allowed=allowed, prompts=prompts  # type: ignore[arg-type]
+    )
+
+
+def test_an_early_hit_is_judged_too() -> None:
+    """'align' mode can hit on the second request already (measured: 768 of an 800-token prompt); it is compared."""
+    report = _report(HYBRID, "bit-identical", 0.0, [(800, [0, 768, 768], 0.0, "4829173")])
+    assert report.passed and report.prompts[0].hit_request == 2
+    early = report.prompts[0].model_copy(deep=True)
+    early.comparisons[0] = compare(answer(), answer(text="1234567", cached=768))
+    early.texts[1] = "1234567"
+    early.problems = []
+    from cookbook.checks.prefix_cache import _judge
+
+    _judge(early, "bit-identical", 0.0)
+    assert any(p.startswith("request 2 (a hit, 768 cached) answered '1234567'") for p in early.problems)
 
 
 def test_result_text_in_the_seeds_wording() -> None:
@@ -197,3 +221,52 @@ def test_a_server_that_caches_fails_a_recipe_with_caching_off(cpu_server: Endpoi
     assert not report.passed
     assert "with prefix caching off" in evidence[0].note
     assert "cached tokens reported on 1 of 1 prompts with prefix caching off" in result_text(report)
+
+
+# -- through the fault proxy: each fault of this class must make the probe fail -------------------------------------
+
+
+def _through_proxy(server: Endpoint, recipe: Recipe, fault: object, lengths: list[int]) -> CheckResult:
+    from cookbook.faultproxy import FaultProxy
+
+    with FaultProxy(server.base_url, fault) as proxy:  # type: ignore[arg-type]
+        ctx = CheckContext(Endpoint(proxy.base_url, server.model), recipe, params={"prefix_cache_prompt_tokens": lengths})
+        [result] = run_checks(ctx, ["prefix-cache"]).checks
+    return result
+
+
+def _assert_caught(result: CheckResult, symptom: str) -> None:
+    import re
+
+    assert result.status == "fail", result.result
+    seen = " ".join([result.result, *(e.note for e in result.evidence)])
+    assert re.search(symptom, seen), seen
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fault_name", ["hit-different-text", "hit-shifted-logprobs", "cached-off-block", "cached-on-cold"])
+def test_faults_make_the_probe_fail_on_smollm2(cpu_server: Endpoint, cpu_recipe: Recipe, fault_name: str) -> None:
+    from cookbook.faults_longctx import LONG_CONTEXT_FAULTS
+
+    fault = LONG_CONTEXT_FAULTS[fault_name].fresh()
+    _assert_caught(_through_proxy(cpu_server, cpu_recipe, fault, [700]), fault.symptom)
+
+
+@pytest.mark.integration
+def test_a_tiny_logprob_drift_fails_a_bit_identical_recipe(hybrid_server: Endpoint, hybrid_recipe: Recipe) -> None:
+    """1e-4 is far inside SmolLM2's 0.15 tolerance; the hybrid recipe expects bit-identical logprobs, so it fails."""
+    from cookbook.faults_longctx import CachedOffBlock, HitShiftedLogprobs
+
+    drift = _through_proxy(hybrid_server, hybrid_recipe, HitShiftedLogprobs(delta=1e-4), [395])
+    _assert_caught(drift, r"not bit-identical")
+    assert drift.result.startswith("identical text 1/1, bit-identical logprobs 0/1")
+    _assert_caught(_through_proxy(hybrid_server, hybrid_recipe, CachedOffBlock(), [395]), r"not a multiple of the 256")
+
+
+@pytest.mark.integration
+def test_the_proxy_without_a_fault_passes(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    """The control: the same path through the proxy with no fault passes, so the failures above are the faults'."""
+    from cookbook.faultproxy import Fault
+
+    result = _through_proxy(cpu_server, cpu_recipe, Fault(), [700])
+    assert result.status == "pass", result.result

@@ -24,6 +24,7 @@ from ..haystack import (
     new_salt,
     request_body,
     request_timeout,
+    seed_param,
     server_max_model_len,
 )
 from ..results import Evidence
@@ -167,7 +168,7 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         list(depths),
         max_tokens=ctx.max_tokens,
         timeout_s=ctx.request_timeout_s,
-        seed=ctx.params.get("seed", 0),
+        seed=seed_param(ctx.params),
     )
     details = grid.model_dump()
     details["times"] = grid.times()

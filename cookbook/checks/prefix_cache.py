@@ -30,6 +30,7 @@ from ..haystack import (
     new_salt,
     request_body,
     request_timeout,
+    seed_param,
     server_max_model_len,
 )
 from ..results import Evidence
@@ -75,11 +76,11 @@ class PromptReport(BaseModel):
     cached_tokens: list[int | None] = Field(description="usage cached_tokens per request, cold first")
     seconds: list[float] = Field(description="Wall time per request")
     metric_deltas: list[float | None] = Field(description="vllm:prefix_cache_hits_total change around each request")
-    hit_request: int | None = Field(description="1-based number of the request compared with the cold one as a hit")
-    comparison: Comparison = Field(description="The last request against the cold one")
+    hit_request: int | None = Field(description="1-based number of the first request that hit")
+    comparisons: list[Comparison] = Field(description="Each later request against the cold one, request 2 first")
+    comparison: Comparison = Field(description="All of them together: identical only if every one is")
     problems: list[str] = Field(default_factory=list)
-    cold_text: str
-    compared_text: str
+    texts: list[str] = Field(description="The answer of each request, cold first")
 
 
 class PrefixCacheReport(BaseModel):
@@ -164,6 +165,19 @@ def compare(cold: Answer, later: Answer) -> Comparison:
     )
 
 
+def combine(comparisons: list[Comparison]) -> Comparison:
+    """Several later answers against the cold one as one: the worst of each."""
+    diffs = [c.max_logprob_diff for c in comparisons if c.max_logprob_diff is not None]
+    return Comparison(
+        text_identical=all(c.text_identical for c in comparisons),
+        tokens_identical=all(c.tokens_identical for c in comparisons),
+        bit_identical=all(c.bit_identical for c in comparisons),
+        max_logprob_diff=max(diffs) if diffs else None,
+        compared_tokens=min((c.compared_tokens for c in comparisons), default=0),
+        logprobs_returned=all(c.logprobs_returned for c in comparisons),
+    )
+
+
 def _cache_problems(layout: CacheLayout, prompt_tokens: int, cached: list[int | None], hit_at: int) -> list[str]:
     problems: list[str] = []
     if cached[0]:
@@ -219,7 +233,8 @@ def probe_prompt(
         answer = ask(endpoint, body, timeout)
         deltas.append(_hits_delta(endpoint, before, answer.cached_tokens or 0))
         answers.append(answer)
-    cold, compared = answers[0], answers[-1]
+    cold = answers[0]
+    comparisons = [compare(cold, later) for later in answers[1:]]
     cached = [a.cached_tokens for a in answers]
     prompt_tokens = cold.prompt_tokens or haystack.prompt_tokens
     problems = _cache_problems(layout, prompt_tokens, cached, layout.hits_from_request)
@@ -235,31 +250,34 @@ def probe_prompt(
         cached_tokens=cached,
         seconds=[a.seconds for a in answers],
         metric_deltas=deltas,
-        hit_request=len(answers) if compared.cached_tokens else None,
-        comparison=compare(cold, compared),
+        hit_request=next((n for n, value in enumerate(cached, 1) if value), None),
+        comparisons=comparisons,
+        comparison=combine(comparisons),
         problems=problems,
-        cold_text=cold.text,
-        compared_text=compared.text,
+        texts=[a.text for a in answers],
     )
     return report, body
 
 
 def _judge(report: PromptReport, expected: str, allowed: float) -> None:
-    """Add the comparison's problems under the recipe's expectation."""
-    comparison = report.comparison
-    what = "the hit" if report.hit_request else "the repeat"
-    if not comparison.text_identical:
-        report.problems.append(f"{what} answered {report.compared_text!r}, the cold run {report.cold_text!r}")
-    if not comparison.logprobs_returned:
-        report.problems.append("no logprobs to compare (a response had no logprobs.content)")
-    elif expected == "bit-identical" and not comparison.bit_identical:
-        report.problems.append(
-            f"logprobs of {what} are not bit-identical to the cold run (max diff {comparison.max_logprob_diff:.3g})"
-        )
-    elif expected == "close" and (comparison.max_logprob_diff or 0.0) > allowed:
-        report.problems.append(
-            f"logprobs of {what} differ from the cold run by {comparison.max_logprob_diff:.3g} (allowed {allowed:g})"
-        )
+    """Add each later request's problems under the recipe's expectation (a hit may come before the one
+    `hits_from_request` names: every request after the cold one must match it)."""
+    for number, comparison in enumerate(report.comparisons, 2):
+        cached = report.cached_tokens[number - 1]
+        what = f"request {number} ({f'a hit, {cached} cached' if cached else 'not a hit'})"
+        if not comparison.text_identical:
+            report.problems.append(
+                f"{what} answered {report.texts[number - 1]!r}, the cold run {report.texts[0]!r}"
+            )
+        diff = comparison.max_logprob_diff
+        if not comparison.logprobs_returned:
+            report.problems.append(f"{what}: no logprobs to compare (a response had no logprobs.content)")
+        elif expected == "bit-identical" and not comparison.bit_identical:
+            report.problems.append(
+                f"{what}: logprobs not bit-identical to the cold run (max diff {diff if diff is not None else 0:.3g})"
+            )
+        elif expected == "close" and (diff or 0.0) > allowed:
+            report.problems.append(f"{what}: logprobs differ from the cold run by {diff:.3g} (allowed {allowed:g})")
 
 
 def probe_prefix_cache(
@@ -285,8 +303,7 @@ def probe_prefix_cache(
                     request=body_excerpt(body),
                     response={
                         "cached_tokens": report.cached_tokens,
-                        "cold": report.cold_text,
-                        "compared": report.compared_text,
+                        "texts": report.texts,
                         "max_logprob_diff": report.comparison.max_logprob_diff,
                     },
                     note=f"{report.prompt_tokens}-token prompt: " + "; ".join(report.problems),
@@ -408,7 +425,7 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
         max_logprob_diff=expectation.max_logprob_diff if expectation else 0.0,
         max_tokens=ctx.max_tokens,
         timeout_s=ctx.request_timeout_s,
-        seed=ctx.params.get("seed", 0),
+        seed=seed_param(ctx.params),
     )
     text = result_text(report)
     for mismatch in mismatches:
