@@ -195,16 +195,18 @@ def json_schema_probe(ctx: CheckContext) -> Probe:
 
     def verify(replies: list[Reply]) -> Evidence | None:
         reply = replies[0]
-        if reply.finish_reason != "stop":
-            return reply.evidence(f"truncated: finish_reason {reply.finish_reason} after {reply.completion_tokens} tokens")
+        truncated = reply.finish_reason == "length"
         try:
             value = json.loads(reply.content)
         except ValueError:
-            return reply.evidence("not JSON: the response_format schema was not applied")
+            why = f"cut off at max_tokens {budget}" if truncated else f"finish_reason {reply.finish_reason}"
+            return reply.evidence(f"not JSON ({why})")
         error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(CITY_SCHEMA).iter_errors(value))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
             return reply.evidence(f"schema violation at {where}: {error.message}")
+        if reply.finish_reason != "stop":
+            return reply.evidence(f"finish_reason {reply.finish_reason} after a valid object")
         return None
 
     return Probe("JSON schema", [body], verify)

@@ -1,0 +1,199 @@
+"""The verification suite: the whole of it against the real CPU server, and each check failing under its fault.
+
+The fault matrix runs every named fault of `cookbook.faultproxy.FAULTS` through a proxy in front of the same real
+server and asserts that the checks it targets fail with a result or evidence naming the symptom. The whole suite
+also runs through a proxy without a fault, so a failure in the matrix is the fault's doing, not the proxy's.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from cookbook.checks import CHECKS, CheckContext, run_checks, selected_checks
+from cookbook.checks.registry import RunStart
+from cookbook.endpoint import Endpoint
+from cookbook.faultproxy import FAULTS, BrokenToolStream, Chain, FaultProxy, ForceToolChoice, KillAfter, NoToolCall
+from cookbook.launch import free_port
+from cookbook.recipes import Recipe
+from cookbook.results import RunResults
+
+REPO = Path(__file__).resolve().parent.parent
+CORE = [
+    "known-answer", "known-answer-concurrent", "tool-call-auto", "tool-call-streamed", "tool-result", "top-logprobs",
+    "prompt-logprobs", "json-schema", "logit-bias", "min-p", "min-tokens", "bad-words", "seed", "sampling-concurrent",
+    "server-health",
+]
+SUITE_BUDGET_S = 180.0
+
+
+def _ctx(base_url: str, model: str, recipe: Recipe | None) -> CheckContext:
+    return CheckContext(Endpoint(base_url, model), recipe)
+
+
+def _without_limitations(recipe: Recipe) -> Recipe:
+    """The recipe with no known limitations, so that a fault's fail stays a fail."""
+    verification = recipe.verification.model_copy(update={"known_limitations": {}})
+    return recipe.model_copy(update={"verification": verification})
+
+
+def _said(results: RunResults, name: str) -> str:
+    check = results.check(name)
+    assert check is not None
+    return " | ".join([check.result, *(e.note for e in check.evidence)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Without a server
+
+
+def test_core_checks_in_table_order_with_server_health_last() -> None:
+    core = [s.name for s in selected_checks(None, None)]
+    assert core == CORE
+    assert list(CHECKS)[-1] == "server-health"
+
+
+def test_every_v0_26_0_fix_names_an_existing_check() -> None:
+    for path in sorted((REPO / "fixes" / "v0.26.0").glob("*/fix.json")):
+        named = json.loads(path.read_text()).get("check")
+        assert named in CHECKS, f"{path}: check {named!r} is not a registered check or probe"
+
+
+def test_every_core_check_has_a_fault_that_targets_it() -> None:
+    targeted = {name for f in FAULTS.values() for name in f.catches}
+    assert set(CORE) <= targeted, f"no fault targets {sorted(set(CORE) - targeted)}"
+    for fault in FAULTS.values():
+        assert fault.symptom and re.compile(fault.symptom)
+
+
+def test_concurrency_label_follows_the_recipe(cpu_recipe: Recipe) -> None:
+    ctx = _ctx("http://127.0.0.1:9", "m", cpu_recipe)
+    assert CHECKS["known-answer-concurrent"].label_for(ctx) == f"The same prompts, {cpu_recipe.max_num_seqs} in flight"
+
+
+def test_dead_server_gives_a_full_table_of_not_run_quickly() -> None:
+    started = time.monotonic()
+    results = run_checks(_ctx(f"http://127.0.0.1:{free_port()}", "m", None))
+    assert [c.status for c in results.checks] == ["not run"] * len(CORE)
+    assert all(c.result == "not run: server down" for c in results.checks)
+    assert time.monotonic() - started < 10
+
+
+def test_server_health_needs_the_run_start() -> None:
+    ctx = _ctx(f"http://127.0.0.1:{free_port()}", "m", None)
+    ctx.run_start = RunStart(healthy=True)
+    ctx.endpoint.healthy = lambda timeout_s=5.0: True  # type: ignore[method-assign]
+    ctx.endpoint.process_start_time = lambda: 5.0  # type: ignore[method-assign]
+    outcome = CHECKS["server-health"].fn(ctx)
+    assert not outcome.passed and "cannot be ruled out" in outcome.result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole suite on the real CPU server
+
+
+def _assert_clean(results: RunResults, recipe: Recipe) -> None:
+    for check in results.checks:
+        if check.name in recipe.verification.known_limitations:
+            assert check.status in ("pass", "known limitation"), check
+            assert "known limitation" in check.result or check.status == "pass"
+        else:
+            assert check.status == "pass", f"{check.name}: {check.result} {[e.note for e in check.evidence]}"
+
+
+@pytest.mark.integration
+def test_whole_suite_on_the_cpu_server(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    started = time.monotonic()
+    results = run_checks(_ctx(cpu_server.base_url, cpu_server.model, cpu_recipe), ["core"])
+    wall = time.monotonic() - started
+    assert [c.name for c in results.checks] == CORE
+    _assert_clean(results, cpu_recipe)
+    assert results.check("known-answer").result == "8/8"  # type: ignore[union-attr]
+    assert results.check("known-answer-concurrent").result == f"{cpu_recipe.max_num_seqs}/{cpu_recipe.max_num_seqs}"  # type: ignore[union-attr]
+    assert results.check("server-health").result == "healthy, no restarts"  # type: ignore[union-attr]
+    assert results.kv_pool_tokens and results.kv_pool_tokens > 0
+    assert all(c.duration_s > 0 for c in results.checks)
+    assert wall < SUITE_BUDGET_S, f"the core suite took {wall:.0f} s"
+
+
+@pytest.mark.integration
+def test_whole_suite_through_a_proxy_without_fault(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    with FaultProxy(cpu_server.base_url) as proxy:
+        results = run_checks(_ctx(proxy.base_url, cpu_server.model, cpu_recipe), ["core"])
+    _assert_clean(results, cpu_recipe)
+
+
+@pytest.mark.integration
+def test_hybrid_suite(hybrid_server: Endpoint, hybrid_recipe: Recipe) -> None:
+    results = run_checks(_ctx(hybrid_server.base_url, hybrid_server.model, hybrid_recipe), ["core"])
+    for check in results.checks:
+        assert check.ok, f"{check.name}: {check.result}"
+    ran = {c.name for c in results.checks if c.status == "pass"}
+    assert {"top-logprobs", "prompt-logprobs", "logit-bias", "min-p", "seed", "sampling-concurrent", "server-health"} <= ran
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fault matrix
+
+
+@pytest.mark.integration
+# no-tool-call: SmolLM2-135M does not call under auto even without it; its proof is the adapter test below.
+@pytest.mark.parametrize("name", [n for n, f in FAULTS.items() if f.catches and n != "no-tool-call"])
+def test_each_fault_is_caught(name: str, cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    fault = FAULTS[name]
+    with FaultProxy(cpu_server.base_url, name) as proxy:
+        results = run_checks(_ctx(proxy.base_url, cpu_server.model, cpu_recipe), list(fault.catches))
+    for target in fault.catches:
+        check = results.check(target)
+        assert check is not None and check.status in ("fail", "error"), f"{name}: {target} was {check}"
+        assert re.search(fault.symptom, _said(results, target)), f"{name}: {target} said {_said(results, target)!r}"
+        assert check.evidence and check.evidence[0].note
+
+
+@pytest.mark.integration
+def test_missing_tool_arguments_are_caught(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    with FaultProxy(cpu_server.base_url, BrokenToolStream("missing")) as proxy:
+        results = run_checks(_ctx(proxy.base_url, cpu_server.model, cpu_recipe), ["tool-call-streamed"])
+    assert results.checks[0].status == "fail"
+    assert "no argument chunks" in _said(results, "tool-call-streamed")
+
+
+@pytest.mark.integration
+def test_tool_call_auto_passes_good_calls_and_catches_a_lost_one(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    """SmolLM2-135M almost never calls under auto, so an adapter turns auto into required: the check then sees
+    real calls from the real server, and the no-tool-call fault on top must make it fail."""
+    recipe = _without_limitations(cpu_recipe)
+    with FaultProxy(cpu_server.base_url, ForceToolChoice()) as proxy:
+        good = run_checks(_ctx(proxy.base_url, cpu_server.model, recipe), ["tool-call-auto"]).checks[0]
+    assert good.status == "pass", good
+    assert good.result == "5/5 valid `get_weather` calls with the right argument"
+    with FaultProxy(cpu_server.base_url, Chain(ForceToolChoice(), NoToolCall())) as proxy:
+        results = run_checks(_ctx(proxy.base_url, cpu_server.model, recipe), ["tool-call-auto"])
+    assert results.checks[0].status == "fail"
+    assert results.checks[0].result.startswith("0/5")
+    assert re.search(NoToolCall.symptom, _said(results, "tool-call-auto"))
+
+
+@pytest.mark.integration
+def test_a_dead_engine_stops_the_run(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    with FaultProxy(cpu_server.base_url, "prompt-logprobs-500") as proxy:
+        results = run_checks(_ctx(proxy.base_url, cpu_server.model, cpu_recipe), ["prompt-logprobs", "seed", "server-health"])
+    assert [c.status for c in results.checks] == ["fail", "not run", "not run"]
+
+
+@pytest.mark.integration
+def test_server_killed_mid_run(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    """Connections refused after the known-answer check: the check that hits it and all later ones are not run,
+    and the run ends at once instead of waiting on timeouts."""
+    with FaultProxy(cpu_server.base_url, KillAfter(after=8)) as proxy:
+        started = time.monotonic()
+        results = run_checks(_ctx(proxy.base_url, cpu_server.model, cpu_recipe), ["core"])
+        elapsed = time.monotonic() - started
+    statuses = [c.status for c in results.checks]
+    assert statuses[0] == "pass"
+    assert statuses[1:] == ["not run"] * (len(CORE) - 1)
+    assert all(c.result == "not run: server down" for c in results.checks[1:])
+    assert elapsed < 60
