@@ -188,7 +188,7 @@ def test_swap_concurrent_crosses_answers_only_with_others_in_flight(upstream: _U
     with FaultProxy(upstream.url, "swap-concurrent") as proxy:
         assert _chat(proxy, tag="alone").json()["choices"][0]["message"]["content"] == "alone"
         with ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(lambda tag: _chat(proxy, tag=tag, delay=0.2).json(), ["a", "b"]))
+            answers = list(pool.map(lambda tag: _chat(proxy, tag=tag, delay=1.0).json(), ["a", "b"]))
     assert [a["choices"][0]["message"]["content"] for a in answers] == ["b", "a"]
 
 
