@@ -3,8 +3,9 @@
 On Gated DeltaNet hybrids a hit can restore the wrong recurrent state and still answer fluently, so the probe
 compares a hit with a cold run of the same greedy prompt, token by token. Per prompt (a token-exact haystack with
 a needle): one request with a fresh ``cache_salt`` (cold), then the same request again with the same salt until the
-recipe's ``hits_from_request`` (3 in vLLM's hybrid 'align' mode, where only the third identical request hits).
-It checks that the text is identical, compares logprobs (bit-identical, or within the recipe's tolerance), that
+recipe's ``hits_from_request`` (3 in vLLM's hybrid 'align' mode, where a hit may wait for the third identical
+request). Every later request is compared with the cold one: the text must be identical and the logprobs
+bit-identical, or within the recipe's tolerance. It also checks that
 ``cached_tokens`` is 0 on the cold run and on a hit a positive multiple of the block size below the prompt length,
 that a prompt shorter than one block never hits, that ``vllm:prefix_cache_hits_total`` moved by at least the
 cached amount (other clients may move it further), and, with caching off, that nothing is ever cached.
@@ -46,7 +47,7 @@ class CacheLayout(BaseModel):
 
     enabled: bool = Field(description="Prefix caching on")
     block_size: int | None = Field(None, description="Tokens per cached block: cached_tokens is a multiple of it")
-    hits_from_request: int = Field(2, description="The identical request that is the first to hit")
+    hits_from_request: int = Field(2, description="The identical request by which a hit must have come")
     source: str = Field(description="Where the layout came from: 'recipe' or 'server /metrics'")
 
     def longest_hit(self, prompt_tokens: int) -> int:
@@ -120,9 +121,9 @@ def read_hits(endpoint: Endpoint) -> float | None:
     """The server's prefix-cache hit counter (cached tokens since start), None when /metrics has none."""
     try:
         metrics = endpoint.metrics()
-    except CookbookError as exc:
-        if isinstance(exc, ServerDown):
-            raise
+    except ServerDown:
+        raise
+    except CookbookError:  # no /metrics (HTTP 404 behind some proxies): the delta is simply not measured
         return None
     value = metric_value(metrics, HITS_METRIC, model_name=endpoint.model)
     return value if value is not None else metric_value(metrics, HITS_METRIC)
@@ -368,7 +369,7 @@ def label_for(prompt_tokens: list[int], hits_from_request: int) -> str:
     span = format_tokens(lengths[0]) if len(lengths) == 1 else (
         f"{format_tokens(lengths[0])} to {format_tokens(lengths[-1])}"
     )
-    nth = {2: "", 3: ", hit on the third identical request"}.get(hits_from_request, "")
+    nth = {2: "", 3: ", hit by the third identical request"}.get(hits_from_request, "")
     return (
         f"Prefix-cache hit vs cold (`cache_salt`), greedy, {len(lengths)} prompt{'s' if len(lengths) > 1 else ''} "
         f"of {span} tokens with a needle{nth}"
