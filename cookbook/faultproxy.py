@@ -98,6 +98,9 @@ class Fault:
     catches: tuple[str, ...] = ()  # checks that must fail under this fault
     symptom: str = ""  # regular expression the failing check's result or evidence matches
 
+    def __init__(self) -> None:
+        self.reset()
+
     def reset(self) -> None:
         """Set up per-proxy state (counters, locks); called by fresh()."""
 
@@ -184,9 +187,6 @@ class SwapConcurrent(Fault):
     catches = ("known-answer-concurrent",)
     symptom = r"another prompt in flight"
     wait_s = 5.0
-
-    def __init__(self) -> None:
-        self.reset()
 
     def reset(self) -> None:
         self._lock = threading.Lock()
@@ -319,9 +319,6 @@ class PromptLogprobs500(Fault):
     catches = ("prompt-logprobs",)
     symptom = r"HTTP 500.*unhealthy"
 
-    def __init__(self) -> None:
-        self.reset()
-
     def reset(self) -> None:
         self.dead = False
 
@@ -342,9 +339,6 @@ class Restart(Fault):
     name = "restart"
     catches = ("server-health",)
     symptom = r"restart"
-
-    def __init__(self) -> None:
-        self.reset()
 
     def reset(self) -> None:
         self._lock = threading.Lock()

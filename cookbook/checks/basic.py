@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import openai
 
 from ..endpoint import Endpoint
@@ -114,10 +115,11 @@ def chat(ctx: CheckContext, body: dict[str, Any], stream: bool = False) -> Reply
     except openai.APIStatusError as exc:
         note = f"HTTP {exc.status_code}: {excerpt(exc.response.text, 300)}"
         raise CheckFailed(f"HTTP {exc.status_code}", [Evidence(request=body, response=excerpt(exc.response.text), note=note)]) from None
-    except openai.APIConnectionError as exc:  # timeouts included
+    except (openai.APIConnectionError, httpx.TransportError) as exc:  # timeouts, and a stream cut off midway
         if not ctx.endpoint.healthy():
             raise ServerDown(f"{ctx.endpoint.base_url}: {type(exc).__name__}: server not reachable") from None
-        what = f"no answer within {ctx.request_timeout_s:.0f} s" if isinstance(exc, openai.APITimeoutError) else "connection lost"
+        timed_out = isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException))
+        what = f"no answer within {ctx.request_timeout_s:.0f} s" if timed_out else "connection lost"
         raise CheckFailed(what, [Evidence(request=body, note=f"{what} ({type(exc).__name__})")]) from None
 
 

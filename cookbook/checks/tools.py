@@ -66,17 +66,20 @@ def _auto_problem(reply: Reply) -> str | None:
     return call_problem(*call)
 
 
+def _call_body(ctx: CheckContext, tool_choice: str, temperature: float) -> dict[str, Any]:
+    return {
+        "messages": user(QUESTION),
+        "tools": [GET_WEATHER],
+        "tool_choice": tool_choice,
+        "temperature": temperature,
+        "max_tokens": answer_budget(ctx, 64),
+    }
+
+
 @check("tool-call-auto", "Tool call, `tool_choice: auto`, sampled at 0.6")
 def tool_call_auto(ctx: CheckContext) -> CheckOutcome:
     """Five sampled tries, all in flight together; each must be a valid call with the right city."""
-    body = {
-        "messages": user(QUESTION),
-        "tools": [GET_WEATHER],
-        "tool_choice": "auto",
-        "temperature": TEMPERATURE,
-        "max_tokens": answer_budget(ctx, 64),
-    }
-    replies = chat_all(ctx, [body] * TRIES)
+    replies = chat_all(ctx, [_call_body(ctx, "auto", TEMPERATURE)] * TRIES)
     problems = [_auto_problem(r) for r in replies]
     evidence = [r.evidence(p, r.message) for r, p in zip(replies, problems) if p]
     valid = problems.count(None)
@@ -109,13 +112,7 @@ def assemble_streamed_call(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 @check("tool-call-streamed", "Streamed tool call")
 def tool_call_streamed(ctx: CheckContext) -> CheckOutcome:
     """The same greedy call streamed and not: the streamed deltas must assemble into the same name and arguments."""
-    body = {
-        "messages": user(QUESTION),
-        "tools": [GET_WEATHER],
-        "tool_choice": "required",
-        "temperature": 0,
-        "max_tokens": answer_budget(ctx, 64),
-    }
+    body = _call_body(ctx, "required", 0)
     whole = chat(ctx, body)
     streamed = chat(ctx, body, stream=True)
     call = assemble_streamed_call(streamed.chunks or [])
