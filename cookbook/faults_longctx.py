@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
-from .faultproxy import FAULTS, Exchange, Fault
+from .faultproxy import FAULTS, Exchange, Fault, _choices
 
 
 def _usage_details(body: Any) -> dict[str, Any] | None:
@@ -32,13 +32,16 @@ def _is_hit(ex: Exchange, body: Any) -> bool:
     return ex.is_chat and ex.status == 200 and bool(details and details.get("cached_tokens"))
 
 
-def _messages(body: Any) -> list[dict[str, Any]]:
-    return [m for m in body.get("choices") or [] if isinstance(m, dict)] if isinstance(body, dict) else []
-
-
 def _other_digits(text: str) -> str:
     """Every digit one higher (9 -> 0): a plausible answer that is not the needle."""
     return re.sub(r"\d", lambda m: str((int(m.group()) + 1) % 10), text)
+
+
+def _rewrite_answers(body: Any, rewrite: Callable[[str], str]) -> None:
+    for choice in _choices(body):
+        message = choice.get("message") or {}
+        if message.get("content"):
+            message["content"] = rewrite(message["content"])
 
 
 class HitDifferentText(Fault):
@@ -50,10 +53,7 @@ class HitDifferentText(Fault):
 
     def response(self, ex: Exchange, body: Any) -> Any:
         if _is_hit(ex, body):
-            for choice in _messages(body):
-                message = choice.get("message") or {}
-                if message.get("content"):
-                    message["content"] = _other_digits(message["content"]) + " Also, the weather is fine."
+            _rewrite_answers(body, lambda text: _other_digits(text) + " Also, the weather is fine.")
         return body
 
 
@@ -69,7 +69,7 @@ class HitShiftedLogprobs(Fault):
 
     def response(self, ex: Exchange, body: Any) -> Any:
         if _is_hit(ex, body):
-            for choice in _messages(body):
+            for choice in _choices(body):
                 for item in (choice.get("logprobs") or {}).get("content") or []:
                     item["logprob"] = float(item["logprob"]) - self.delta
         return body
@@ -155,10 +155,7 @@ class NeedleLostBeyond(Fault):
 
     def response(self, ex: Exchange, body: Any) -> Any:
         if ex.is_chat and ex.status == 200 and isinstance(body, dict) and self._loses(ex, body):
-            for choice in _messages(body):
-                message = choice.get("message") or {}
-                if message.get("content"):
-                    message["content"] = _other_digits(message["content"])
+            _rewrite_answers(body, _other_digits)
         return body
 
 

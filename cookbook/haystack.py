@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from .endpoint import Endpoint
-from .errors import ServerDown, ServerError
+from .errors import CookbookError, ServerDown, ServerError
 
 # Seconds a long request may take on top of the check's base timeout, per prompt token (about 100 tokens/s: slow
 # enough for the 2-vCPU CPU server and for a Gaudi card compiling a new shape, still bounded).
@@ -136,33 +136,26 @@ class Haystack(BaseModel):
     needle: Needle
     messages: list[dict[str, str]] = Field(repr=False, description="The chat messages to send")
 
-    def summary(self) -> dict[str, Any]:
-        """What results keep of a haystack: everything but the text itself."""
-        return {
-            "target_tokens": self.target_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "depth": self.depth,
-            "actual_depth": round(self.actual_depth, 4),
-            "needle_key": self.needle.key,
-            "needle_value": self.needle.value,
-        }
-
 
 def _messages(document: str, needle: Needle) -> list[dict[str, str]]:
     content = f"{needle.instruction}\n\n<document>\n{document}\n</document>\n\n{needle.question}"
     return [{"role": "user", "content": content}]
 
 
-def chat_prompt_tokens(endpoint: Endpoint, messages: list[dict[str, str]]) -> int:
-    """Tokens of the chat prompt as the server will count them (template and generation prompt included)."""
-    body = {"model": endpoint.model, "messages": messages, "add_generation_prompt": True}
+def _tokenize(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's /tokenize with a body Endpoint.tokenize does not send (chat messages), or for its max_model_len."""
     try:
-        response = endpoint.http().post("/tokenize", json=body)
+        response = endpoint.http().post("/tokenize", json={"model": endpoint.model, **body})
     except httpx.HTTPError as exc:
         raise ServerDown(f"{endpoint.base_url}/tokenize: {type(exc).__name__}") from None
     if response.status_code != 200:
         raise ServerError(f"{endpoint.base_url}/tokenize: HTTP {response.status_code}: {response.text[:200]}")
-    return int(response.json()["count"])
+    return dict(response.json())
+
+
+def chat_prompt_tokens(endpoint: Endpoint, messages: list[dict[str, str]]) -> int:
+    """Tokens of the chat prompt as the server will count them (template and generation prompt included)."""
+    return int(_tokenize(endpoint, {"messages": messages, "add_generation_prompt": True})["count"])
 
 
 def frame_tokens(endpoint: Endpoint, needle: Needle) -> int:
@@ -177,7 +170,7 @@ def build_haystack(endpoint: Endpoint, target_tokens: int, depth: float, needle:
     frame = frame_tokens(endpoint, needle)
     budget = target_tokens - frame
     if budget < 0:
-        raise ServerError(f"a {target_tokens}-token haystack is shorter than its own prompt frame ({frame} tokens)")
+        raise CookbookError(f"a {target_tokens}-token haystack is shorter than its own prompt frame ({frame} tokens)")
     sentences = max(8, budget // 8)  # a sentence is 10 to 20 tokens in the usual tokenizers
     filler = endpoint.tokenize(filler_text(seed, sentences))
     while len(filler) < budget + 64:  # room for the trimming rounds below
@@ -209,7 +202,7 @@ def build_haystack(endpoint: Endpoint, target_tokens: int, depth: float, needle:
         after += target_tokens - counted
         if after < 0 or before + after > len(filler):
             break
-    raise ServerError(f"could not fit a haystack to exactly {target_tokens} tokens (last try: {counted})")
+    raise CookbookError(f"could not fit a haystack to exactly {target_tokens} tokens (last try: {counted})")
 
 
 def _sentence_boundary(tokens: list[int], position: int, budget: int, full_stop: int | None) -> int:
@@ -327,14 +320,7 @@ def fit_lengths(lengths: list[int], max_model_len: int, answer_tokens: int) -> l
 
 def server_max_model_len(endpoint: Endpoint) -> int:
     """The context the server was started with, as /tokenize reports it."""
-    body = {"model": endpoint.model, "prompt": "", "add_special_tokens": False}
-    try:
-        response = endpoint.http().post("/tokenize", json=body)
-    except httpx.HTTPError as exc:
-        raise ServerDown(f"{endpoint.base_url}/tokenize: {type(exc).__name__}") from None
-    if response.status_code != 200:
-        raise ServerError(f"{endpoint.base_url}/tokenize: HTTP {response.status_code}: {response.text[:200]}")
-    return int(response.json()["max_model_len"])
+    return int(_tokenize(endpoint, {"prompt": "", "add_special_tokens": False})["max_model_len"])
 
 
 def format_tokens(count: int) -> str:

@@ -89,7 +89,7 @@ def test_haystacks_are_token_exact_on_the_hybrid(hybrid_server: Endpoint) -> Non
 
 @pytest.mark.integration
 def test_a_haystack_shorter_than_its_frame_is_refused(cpu_server: Endpoint) -> None:
-    from cookbook.errors import ServerError
+    from cookbook.errors import CookbookError
 
-    with pytest.raises(ServerError, match="shorter than its own prompt frame"):
+    with pytest.raises(CookbookError, match="shorter than its own prompt frame"):
         build_haystack(cpu_server, 20, 0.5, make_needle(0), seed=0)
