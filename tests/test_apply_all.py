@@ -707,3 +707,84 @@ def test_cpu_profile_revert_matches_the_wheel_record(tmp_path: Path) -> None:
     assert matches_record(site)
     for rel, pristine in profile["files"].items():
         assert record_line(rel, (site / rel).read_bytes())[1] == record[rel][1]
+
+
+@pytest.mark.integration
+def test_the_cpu_server_starts_with_vllm_serve_after_the_fix_step(cpu_launch: object) -> None:
+    """The CPU recipe's launch: apply_all.py --profile cpu-0.32.0, then `vllm serve` (the command the fix repairs)."""
+    from cookbook.launch import Server
+
+    if not isinstance(cpu_launch, Server):
+        pytest.skip("attached to a running server: its launch log is not ours")
+    log = cpu_launch.log_path.read_text(errors="replace")
+    commands = [ln for ln in log.splitlines() if ln.startswith("$ ")]
+    fix_step = next(i for i, ln in enumerate(commands) if "fixes/apply_all.py --profile cpu-0.32.0" in ln)
+    serve_step = next(i for i, ln in enumerate(commands) if "/vllm serve " in ln or " vllm serve " in ln)
+    assert fix_step < serve_step
+    assert "PackageNotFoundError" not in log
+    assert cpu_launch.endpoint.healthy()
+
+
+@pytest.mark.integration
+def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path) -> None:
+    """qwen3-vl-no-torchvision + qwen3-5-gdn-contiguous: a Qwen3.5 text model starts and answers on the CPU image."""
+    import urllib.error
+    import urllib.request
+
+    from cookbook.launch import free_port
+
+    _need_image()
+    tokenizer = IMAGE.parent.parent / "models-v1" / "smollm2-135m-instruct"
+    if not (tokenizer / "tokenizer.json").exists():
+        pytest.skip(f"no SmolLM2 tokenizer at {tokenizer}")
+    py = str(IMAGE / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1")
+    assert subprocess.run([py, str(APPLY_ALL), "--profile", "cpu-0.32.0"], env=env).returncode == 0
+    model = tmp_path / "tiny-qwen3_5"
+    made = subprocess.run([py, str(APPLY_ALL.parent / "tools" / "make_tiny_qwen3_5.py"), str(model),
+                           "--tokenizer-from", str(tokenizer)], capture_output=True, text=True, env=env, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(IMAGE / "bin" / "vllm"), "serve", str(model), "--served-model-name", "tiny",
+                                 "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
+                                 "--enforce-eager"], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def call(path: str, body: dict | None = None) -> tuple[int, dict]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                text = resp.read().decode()
+                return resp.status, json.loads(text) if text.startswith("{") else {}
+        except urllib.error.HTTPError as err:
+            return err.code, {}
+
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "no /health within 600 s"
+            try:
+                if call("/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(2)
+        status, out = call("/v1/completions", {"model": "tiny", "prompt": "Tell me a story about a cat.",
+                                                 "max_tokens": 8, "logprobs": 2})
+        assert status == 200, log.read_text(errors="replace")[-3000:]
+        assert len(out["choices"][0]["logprobs"]["tokens"]) == 8
+        assert call("/health")[0] == 200
+        assert "Resolved architecture: Qwen3_5ForCausalLM" in log.read_text(errors="replace")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # our own server's process group
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
