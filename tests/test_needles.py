@@ -133,3 +133,30 @@ def test_cached_tokens_on_a_cold_cell_fail_the_grid(cpu_server: Endpoint, cpu_re
     result = _needles_through(cpu_server, cpu_recipe, CachedOnCold(), [800], [0.5])
     assert result.status == "fail"
     assert result.result == "1/1 at 800 tokens; 1 cell not cold (cached tokens with a fresh cache_salt)"
+
+
+def test_the_needle_fault_finds_the_needle_depth_in_a_request() -> None:
+    from cookbook.faults_longctx import needle_depth
+    from cookbook.haystack import _messages, make_needle
+
+    needle = make_needle(0)
+    content = _messages(f"{'Filler. ' * 90}{needle.sentence} {'Filler. ' * 10}", needle)[0]["content"]
+    depth = needle_depth(content)
+    assert depth is not None and 0.75 < depth < 0.95
+    assert needle_depth("no document here") is None
+
+
+def test_long_context_faults_register_by_name() -> None:
+    from cookbook.faultproxy import FAULTS, make_fault
+    from cookbook.faults_longctx import LONG_CONTEXT_FAULTS, register
+
+    before = dict(FAULTS)
+    try:
+        register()
+        for name, fault in LONG_CONTEXT_FAULTS.items():
+            made = make_fault(name)
+            assert type(made) is type(fault) and made is not fault
+            assert set(made.catches) <= {"prefix-cache", "needles"} and made.symptom
+    finally:
+        FAULTS.clear()
+        FAULTS.update(before)
