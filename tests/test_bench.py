@@ -326,3 +326,11 @@ def test_a_failed_and_a_timed_out_request_are_counted_not_dropped(fake_server: E
     assert batch.other_requests_at_start is None  # this server has no /metrics
     figure = n_streams_figure(batch, 8, CPU)
     assert figure.failed_requests == 2 and len(figure.details["errors"]) == 2
+
+
+def test_a_server_that_is_down_stops_the_benchmark() -> None:
+    from cookbook.errors import ServerDown
+    from cookbook.launch import free_port
+
+    with pytest.raises(ServerDown):
+        run_batch(Endpoint(f"http://127.0.0.1:{free_port()}", "m"), bench.short_requests(2, 8, 5.0))

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Trust in the numbers: our single-stream and N-stream workloads against `vllm bench serve`, on one server.
+
+Both tools send the same chat prompts (the cookbook's short prompts) with the same output length (ignore_eos and a
+fixed token budget, temperature 0), interleaved A B A B so that drift on a shared machine hits both alike, and this
+prints the ratio ours / vllm bench of the aggregate tokens/s and of the mean TTFT. Target: within 2 %.
+
+`vllm bench serve` runs in the CPU image's Python through the same function its CLI calls
+(`vllm.benchmarks.serve.main`, with its own argument parser), with two hooks: the data set is our prompt list (the
+image has no pandas for `--dataset-name custom`), and the client CPU time is read around the main run only.
+
+    scripts/in-env.sh python benchmarks/parity_vllm_bench.py --base-url http://127.0.0.1:8000
+    scripts/in-env.sh python benchmarks/parity_vllm_bench.py --launch        # its own server on a free port
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from cookbook.bench import run_batch, short_prompts, short_requests
+from cookbook.endpoint import Endpoint
+from cookbook.image import ImageEnv, cpu_image
+from cookbook.launch import Server, attach, free_port
+from cookbook.models import models_dir
+from cookbook.recipes import Recipe, load_recipe
+
+DEFAULT_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TARGET = 0.02
+
+# Runs in the image: `vllm bench serve` with our prompts as its data set and CPU time read around the main run
+# (between the metrics fetched just before it and those fetched just after it).
+DRIVER = r"""
+import json, sys, time
+import vllm.benchmarks.serve as serve
+from vllm.benchmarks.datasets import SampleRequest
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+argv = sys.argv[1:]
+at = argv.index("--cookbook-prompts")
+prompts = json.load(open(argv[at + 1]))
+del argv[at:at + 2]
+
+def samples(args, tokenizer):
+    return [SampleRequest(prompt=p, prompt_len=len(tokenizer(p).input_ids), expected_output_len=args.output_len,
+                          request_id=f"cookbook-{i}", chat_messages=[{"role": "user", "content": p}])
+            for i, p in enumerate(prompts)]
+
+marks = []
+def timed(fn):
+    async def wrapper(*a, **k):
+        marks.append((time.process_time(), time.perf_counter()))
+        out = await fn(*a, **k)
+        marks.append((time.process_time(), time.perf_counter()))
+        return out
+    return wrapper
+
+serve.get_samples = samples
+serve.fetch_spec_decode_metrics = timed(serve.fetch_spec_decode_metrics)
+serve.fetch_diffusion_metrics = timed(serve.fetch_diffusion_metrics)
+parser = FlexibleArgumentParser()
+serve.add_cli_args(parser)
+result = serve.main(parser.parse_args(argv))
+start, stop = marks[3], marks[4]  # exit of the second fetch before the run, entry of the first after it
+keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) or v is None}
+keep["client_cpu_s"] = stop[0] - start[0]
+keep["client_wall_s"] = stop[1] - start[1]
+print("COOKBOOK_RESULT " + json.dumps(keep), flush=True)
+"""
+
+
+@dataclass
+class Run:
+    """One run of one tool: what both report, the same way (aggregate = output tokens / duration)."""
+
+    tool: str
+    aggregate_tokens_per_s: float
+    mean_ttft_ms: float
+    output_tokens: int
+    prompt_tokens: int
+    failed: int
+    client_cpu_s: float
+    wall_s: float
+
+
+def tokenizer_for(recipe: Recipe) -> str:
+    """Where vllm bench loads the tokenizer: the prepared checkpoint for the CPU recipes, else the hub id."""
+    if recipe.serve.weights is not None:
+        return str(models_dir() / recipe.serve.weights.prepare)
+    return recipe.model.id
+
+
+def bench_serve_args(endpoint: Endpoint, tokenizer: str, requests: int, concurrency: int, output_tokens: int) -> list[str]:
+    """`vllm bench serve` arguments for the same work as ours (printed, so it can be re-run by hand)."""
+    return [
+        "--backend", "openai-chat", "--base-url", endpoint.base_url, "--endpoint", "/v1/chat/completions",
+        "--model", endpoint.model, "--tokenizer", tokenizer, "--dataset-name", "custom", "--dataset-path", "cookbook.jsonl",
+        "--output-len", str(output_tokens), "--ignore-eos", "--temperature", "0", "--num-prompts", str(requests),
+        "--max-concurrency", str(concurrency), "--ready-check-timeout-sec", "0", "--disable-tqdm",
+    ]
+
+
+def run_vllm_bench(image: ImageEnv, endpoint: Endpoint, tokenizer: str, requests: int, concurrency: int,
+                   output_tokens: int, timeout_s: float = 900.0) -> Run:
+    with tempfile.TemporaryDirectory(prefix="cookbook-parity-") as folder:
+        prompts = Path(folder) / "prompts.json"
+        prompts.write_text(json.dumps(short_prompts(requests)))
+        argv = [str(image.python), "-c", DRIVER, *bench_serve_args(endpoint, tokenizer, requests, concurrency, output_tokens),
+                "--cookbook-prompts", str(prompts)]
+        env = image.env()
+        env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+        proc = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True, timeout=timeout_s)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("COOKBOOK_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+        raise SystemExit("vllm bench serve failed:\n  " + "\n  ".join(tail))
+    data: dict[str, Any] = json.loads(line.removeprefix("COOKBOOK_RESULT "))
+    return Run("vllm bench", data["output_throughput"], data["mean_ttft_ms"], data["total_output_tokens"],
+               data["total_input_tokens"], data.get("failed", 0), data["client_cpu_s"], data["client_wall_s"])
+
+
+def run_ours(endpoint: Endpoint, requests: int, concurrency: int, output_tokens: int, timeout_s: float = 900.0) -> Run:
+    batch = run_batch(endpoint, short_requests(requests, output_tokens, timeout_s), concurrency)
+    ttfts = [r.ttft_s for r in batch.ok if r.ttft_s is not None]
+    return Run("cookbook", batch.aggregate_tokens_per_s or 0.0, 1e3 * statistics.fmean(ttfts) if ttfts else float("nan"),
+               batch.generated_tokens, sum(r.prompt_tokens or 0 for r in batch.ok), batch.failed, batch.client_cpu_s,
+               batch.wall_s)
+
+
+@contextlib.contextmanager
+def server_for(args: argparse.Namespace, recipe: Recipe) -> Iterator[Endpoint]:
+    """The server to measure: attached (--base-url) or the recipe's own on a free port (--launch)."""
+    if args.base_url:
+        yield attach(args.base_url, recipe.served_model_name)
+        return
+    with Server(recipe, port=free_port(), say=lambda line: print(f"  {line}", file=sys.stderr)) as server:
+        print(f"launched {server.endpoint.base_url} ({server.ready.line() if server.ready else ''})", file=sys.stderr)
+        yield server.endpoint
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--base-url", help="a running server to measure")
+    target.add_argument("--launch", action="store_true", help="start the recipe's own server on a free port")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE)
+    parser.add_argument("--rounds", type=int, default=3, help="A B pairs per workload (default 3)")
+    parser.add_argument("--output-tokens", type=int, default=256)
+    parser.add_argument("--json", type=Path, help="write every run and the ratios here")
+
+
+def _ratio_line(name: str, ours: list[Run], theirs: list[Run]) -> dict[str, Any]:
+    agg = statistics.fmean(r.aggregate_tokens_per_s for r in ours) / statistics.fmean(r.aggregate_tokens_per_s for r in theirs)
+    ttft = statistics.fmean(r.mean_ttft_ms for r in ours) / statistics.fmean(r.mean_ttft_ms for r in theirs)
+    pairs = [a.aggregate_tokens_per_s / b.aggregate_tokens_per_s for a, b in zip(ours, theirs)]
+    verdict = lambda x: "within 2%" if abs(x - 1) <= TARGET else "OUTSIDE 2%"  # noqa: E731
+    print(f"{name}: aggregate tokens/s ours/vllm bench = {agg:.4f} ({verdict(agg)}; pairs "
+          f"{', '.join(f'{p:.3f}' for p in pairs)}); mean TTFT ours/vllm bench = {ttft:.4f} ({verdict(ttft)})")
+    return {"workload": name, "aggregate_ratio": agg, "ttft_ratio": ttft, "pair_aggregate_ratios": pairs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument("--streams", type=int, help="N of the N-stream workload (default the recipe's --max-num-seqs)")
+    parser.add_argument("--single-requests", type=int, default=4, help="requests of the single-stream run, one at a time")
+    args = parser.parse_args()
+    recipe = load_recipe(args.recipe)
+    streams = args.streams or recipe.max_num_seqs
+    workloads = {"single-stream": (args.single_requests, 1), "n-streams": (streams, streams)}
+    image, tokenizer = cpu_image(), tokenizer_for(recipe)
+    runs: dict[str, list[Run]] = {f"{w}/{t}": [] for w in workloads for t in ("cookbook", "vllm bench")}
+    with server_for(args, recipe) as endpoint:
+        print(f"server {endpoint.base_url}, model {endpoint.model}; vllm bench serve {' '.join(bench_serve_args(endpoint, tokenizer, streams, streams, args.output_tokens))}")
+        run_ours(endpoint, 1, 1, 16)  # warm-up, not counted
+        for round_ in range(1, args.rounds + 1):
+            for name, (requests, concurrency) in workloads.items():
+                a = run_ours(endpoint, requests, concurrency, args.output_tokens)
+                b = run_vllm_bench(image, endpoint, tokenizer, requests, concurrency, args.output_tokens)
+                for run in (a, b):
+                    runs[f"{name}/{run.tool}"].append(run)
+                    print(f"round {round_} {name:<13} {run.tool:<10} {run.aggregate_tokens_per_s:8.2f} tok/s  TTFT "
+                          f"{run.mean_ttft_ms:8.1f} ms  tokens {run.output_tokens} (prompts {run.prompt_tokens})  failed {run.failed}",
+                          flush=True)
+    print()
+    summary = [_ratio_line(name, runs[f"{name}/cookbook"], runs[f"{name}/vllm bench"]) for name in workloads]
+    if args.json:
+        args.json.write_text(json.dumps({"runs": {k: [r.__dict__ for r in v] for k, v in runs.items()}, "ratios": summary}, indent=1))
+    failed = sum(r.failed for v in runs.values() for r in v)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
