@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Sequence, 
 
 import httpcore2  # the openai client's own HTTP stack (openai depends on httpx2, which depends on httpcore2)
 import httpx2
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import haystack
 from .checks.registry import CheckContext, run_hardware
@@ -60,6 +60,8 @@ T = TypeVar("T")
 
 class BenchConfig(BaseModel):
     """How the workloads run; the defaults are the seeds' (256 tokens, N = --max-num-seqs, 65K/131K/244K scaled)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     output_tokens: int = Field(256, gt=0, description="Tokens each short-prompt stream generates (the seeds: 256)")
     streams: int | None = Field(None, gt=0, description="N of the N-stream figure; default the recipe's --max-num-seqs, else 8")
@@ -629,7 +631,9 @@ def _cold_runs(endpoint: Endpoint, length: int, depths: list[float], config: Ben
         needle = haystack.make_needle(seed)
         try:
             stack = haystack.build_haystack(endpoint, length, depth, needle, seed)
-        except ServerError as exc:
+        except ServerDown:
+            raise
+        except CookbookError as exc:  # a length this server cannot be given (shorter than the prompt frame ...)
             runs.append((depth, StreamResult(error=f"building the prompt: {exc}"), {}))
             continue
         request = StreamRequest(stack.messages, config.answer_tokens, timeout, haystack.new_salt())
