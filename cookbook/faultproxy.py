@@ -128,6 +128,9 @@ class Chain(Fault):
     def __init__(self, *faults: Fault) -> None:
         self.faults = faults
 
+    def reset(self) -> None:
+        self.faults = tuple(f.fresh() for f in self.faults)
+
     def request(self, ex: Exchange) -> Reply | None:
         for f in self.faults:
             reply = f.request(ex)

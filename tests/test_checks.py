@@ -10,11 +10,16 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cookbook.checks import CHECKS, CheckContext, run_checks, selected_checks
+from cookbook.checks.basic import KNOWN_ANSWERS, Reply, _grade
 from cookbook.checks.registry import RunStart
+from cookbook.checks.sampling import prompt_logprobs_problem
+from cookbook.checks.tools import assemble_streamed_call, call_problem
+from cookbook.errors import CookbookError
 from cookbook.endpoint import Endpoint
 from cookbook.faultproxy import FAULTS, BrokenToolStream, Chain, FaultProxy, ForceToolChoice, KillAfter, NoToolCall
 from cookbook.launch import free_port
@@ -82,13 +87,65 @@ def test_dead_server_gives_a_full_table_of_not_run_quickly() -> None:
     assert time.monotonic() - started < 10
 
 
-def test_server_health_needs_the_run_start() -> None:
+def test_server_health_cannot_pass_without_a_start_time() -> None:
     ctx = _ctx(f"http://127.0.0.1:{free_port()}", "m", None)
-    ctx.run_start = RunStart(healthy=True)
+    with pytest.raises(CookbookError, match="run_checks"):
+        CHECKS["server-health"].fn(ctx)
+    ctx.run_start = RunStart(healthy=True)  # a server whose /metrics had no process_start_time_seconds
     ctx.endpoint.healthy = lambda timeout_s=5.0: True  # type: ignore[method-assign]
     ctx.endpoint.process_start_time = lambda: 5.0  # type: ignore[method-assign]
     outcome = CHECKS["server-health"].fn(ctx)
     assert not outcome.passed and "cannot be ruled out" in outcome.result
+
+
+def _reply(content: str = "", **body: Any) -> Reply:
+    return Reply({"messages": []}, {"choices": [{"message": {"content": content}, "finish_reason": "stop"}], **body}, 0.1)
+
+
+def test_grading_names_the_prompt_a_crossed_answer_fits() -> None:
+    items = list(KNOWN_ANSWERS[:2])  # 2 + 2, 12 + 12
+    outcome = _grade(items, [_reply("12 + 12 = 24"), _reply("12 + 12 = 24")])
+    assert outcome.result == "1/2" and not outcome.passed
+    assert "another prompt in flight" in outcome.evidence[0].note and items[1].prompt in outcome.evidence[0].note
+
+
+@pytest.mark.parametrize(
+    "name, arguments, problem",
+    [
+        ("get_weather", '{"city": "Paris"}', None),
+        ("get_weather", '{"city": "Paris, France"}', None),
+        ("get_time", '{"city": "Paris"}', "instead of"),
+        ("get_weather", '{"city": "Lyon"}', "wrong argument"),
+        ("get_weather", '{"city": "Par', "not valid JSON"),
+        ("get_weather", '["Paris"]', "not a JSON object"),
+    ],
+)
+def test_tool_call_validation(name: str, arguments: str, problem: str | None) -> None:
+    found = call_problem(name, arguments)
+    assert found is None if problem is None else problem in (found or "")
+
+
+def test_streamed_call_assembly() -> None:
+    def delta(**call: Any) -> dict[str, Any]:
+        return {"choices": [{"delta": {"tool_calls": [{"index": 0, **call}]}}]}
+
+    chunks = [delta(id="c1", function={"name": "get_weather"}), delta(function={"arguments": '{"city"'}),
+              {"choices": [{"delta": {"content": ""}}]}, delta(function={"arguments": ': "Paris"}'})]
+    call = assemble_streamed_call(chunks)
+    assert (call["id"], call["name"], call["arguments"], call["argument_chunks"]) == ("c1", "get_weather", '{"city": "Paris"}', 2)
+
+
+def test_prompt_logprobs_shape() -> None:
+    def entry(actual_rank: int) -> dict[str, Any]:
+        ranks = sorted({actual_rank, 1, 2, 3, 4, 5})
+        return {str(r): {"logprob": -float(r), "rank": r} for r in ranks}
+
+    good = _reply(prompt_logprobs=[None, entry(1), entry(9)], usage={"prompt_tokens": 3})
+    assert prompt_logprobs_problem(good) is None
+    assert "for 4 prompt tokens" in str(prompt_logprobs_problem(_reply(prompt_logprobs=[None, entry(1), entry(9)], usage={"prompt_tokens": 4})))
+    short = {k: v for k, v in entry(1).items() if k != "5"}
+    assert "4 entries" in str(prompt_logprobs_problem(_reply(prompt_logprobs=[None, short], usage={"prompt_tokens": 2})))
+    assert "no prompt_logprobs" in str(prompt_logprobs_problem(_reply(usage={"prompt_tokens": 2})))
 
 
 # ---------------------------------------------------------------------------------------------------------------
