@@ -159,7 +159,7 @@ class Chain(Fault):
 # The named faults
 
 
-def _choices(body: Any) -> list[dict[str, Any]]:
+def choices(body: Any) -> list[dict[str, Any]]:
     return [c for c in (body.get("choices") or []) if isinstance(c, dict)] if isinstance(body, dict) else []
 
 
@@ -176,7 +176,7 @@ class WrongAnswers(Fault):
 
     def response(self, ex: Exchange, body: Any) -> Any:
         if ex.is_chat:
-            for choice in _choices(body):
+            for choice in choices(body):
                 message = choice.get("message") or {}
                 if message.get("content"):
                     message["content"] = _corrupt(message["content"])
@@ -248,7 +248,7 @@ class ShortTopLogprobs(Fault):
     symptom = r"19 entries"
 
     def response(self, ex: Exchange, body: Any) -> Any:
-        for choice in _choices(body):
+        for choice in choices(body):
             tokens = (choice.get("logprobs") or {}).get("content") or []
             if tokens and tokens[len(tokens) // 2].get("top_logprobs"):
                 tokens[len(tokens) // 2]["top_logprobs"].pop()
@@ -269,7 +269,7 @@ class BrokenToolStream(Fault):
         self.mode = mode
 
     def chunk(self, ex: Exchange, event: dict[str, Any]) -> list[dict[str, Any]]:
-        for choice in _choices(event):
+        for choice in choices(event):
             for call in (choice.get("delta") or {}).get("tool_calls") or []:
                 function = call.get("function") or {}
                 if function.get("arguments"):
@@ -301,7 +301,7 @@ class NoToolCall(Fault):
     symptom = r"no tool call"
 
     def response(self, ex: Exchange, body: Any) -> Any:
-        for choice in _choices(body):
+        for choice in choices(body):
             message = choice.get("message") or {}
             if message.get("tool_calls"):
                 message["tool_calls"] = []
@@ -310,7 +310,7 @@ class NoToolCall(Fault):
         return body
 
     def chunk(self, ex: Exchange, event: dict[str, Any]) -> list[dict[str, Any]]:
-        for choice in _choices(event):
+        for choice in choices(event):
             (choice.get("delta") or {}).pop("tool_calls", None)
         return [event]
 

@@ -13,7 +13,7 @@ import re
 import threading
 from typing import Any, Callable
 
-from .faultproxy import FAULTS, Exchange, Fault, _choices
+from .faultproxy import FAULTS, Exchange, Fault, choices
 
 
 def _usage_details(body: Any) -> dict[str, Any] | None:
@@ -40,7 +40,7 @@ def _other_digits(text: str) -> str:
 
 
 def _rewrite_answers(body: Any, rewrite: Callable[[str], str]) -> None:
-    for choice in _choices(body):
+    for choice in choices(body):
         message = choice.get("message") or {}
         if message.get("content"):
             message["content"] = rewrite(message["content"])
@@ -71,7 +71,7 @@ class HitShiftedLogprobs(Fault):
 
     def response(self, ex: Exchange, body: Any) -> Any:
         if _is_hit(ex, body):
-            for choice in _choices(body):
+            for choice in choices(body):
                 for item in (choice.get("logprobs") or {}).get("content") or []:
                     item["logprob"] = float(item["logprob"]) - self.delta
         return body

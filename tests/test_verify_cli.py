@@ -124,3 +124,15 @@ def test_server_dying_mid_run(cpu_server: Endpoint, tmp_path: Path, capsys: pyte
     assert results.checks[0].status == "pass"
     assert {c.result for c in results.checks[1:]} == {"not run: server down"}
     assert "not run: server down" in capsys.readouterr().out
+
+
+def test_params_parse_numbers_and_lists() -> None:
+    from cookbook.cli.verify import parse_params
+
+    assert parse_params(["needle_lengths=2000,4000", "needle_depths=0.5", "seed=7"]) == {
+        "needle_lengths": [2000, 4000],
+        "needle_depths": [0.5],
+        "seed": 7,
+    }
+    with pytest.raises(CookbookError, match="--param: expected KEY=VALUE"):
+        parse_params(["needle_lengths"])

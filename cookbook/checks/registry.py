@@ -196,22 +196,37 @@ def run_checks(
             server_down = True  # e.g. the request that failed took the engine down with it
         limitation = recipe.verification.known_limitations.get(spec.name) if recipe else None
         result_text = outcome.result
+        evidence = list(outcome.evidence)
         if limitation and status == "fail":
             status = "known limitation"
-            result_text = f"{outcome.result} (known limitation: {limitation})"
+            result_text = f"{outcome.result} (known limitation of this model)"
+            evidence.insert(0, Evidence(note=f"known limitation: {limitation}"))
+        figure = outcome.details.get("figure")
+        if isinstance(figure, str):
+            results.artifacts[f"{spec.name}-figure"] = _relative_to(figure, ctx.out_dir)
         results.checks.append(
             CheckResult(
                 name=spec.name,
                 label=outcome.label or label,
                 status=status,
                 result=result_text,
-                evidence=outcome.evidence,
+                evidence=evidence,
                 duration_s=round(time.monotonic() - started, 3),
                 details=outcome.details,
             )
         )
     results.finished_at = now()
     return results
+
+
+def _relative_to(path: str, folder: Path | None) -> str:
+    """Artifacts are named relative to the run folder, so a results file stays valid when the folder moves."""
+    if folder is None:
+        return path
+    try:
+        return Path(path).resolve().relative_to(Path(folder).resolve()).as_posix()
+    except ValueError:
+        return path
 
 
 def verified_table(results: RunResults) -> str:

@@ -32,6 +32,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--hardware", metavar="TEXT", help="what served the run, e.g. 'four Gaudi 2 cards' (default: this machine for CPU recipes, else unknown)"
     )
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per request (default 60)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a check parameter, e.g. needle_lengths=2000,4000 or prefix_cache_prompt_tokens=300,1500 (repeatable)",
+    )
+    parser.add_argument("--out-dir", type=Path, metavar="DIR", help="where figures go (default: beside --json)")
     parser.set_defaults(run=run)
 
 
@@ -42,6 +50,27 @@ def parse_checks(text: str | None) -> list[str] | None:
     if not all(names):
         raise CookbookError("--checks: empty name in the list (write e.g. known-answer,seed)")
     return names
+
+
+def parse_params(items: list[str]) -> dict[str, object]:
+    """--param KEY=VALUE: numbers become numbers; a plural key (needle_lengths) or a comma list becomes a list."""
+    params: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise CookbookError(f"--param: expected KEY=VALUE, got {item!r}")
+        words = [_number(w.strip()) for w in value.split(",")]
+        params[key.strip()] = words if "," in value or key.strip().endswith("s") else words[0]
+    return params
+
+
+def _number(word: str) -> object:
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            pass
+    return word
 
 
 def hardware_from(text: str | None) -> Hardware | None:
@@ -78,7 +107,15 @@ def run(args: argparse.Namespace) -> int:
     # With a model name known, a server that is already down still gets a full table of "not run" (and its JSON).
     endpoint = Endpoint(args.base_url, model) if model else attach(args.base_url)
     endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)
-    ctx = CheckContext(endpoint, recipe, request_timeout_s=args.timeout, hardware=hardware_from(args.hardware))
+    out_dir = args.out_dir or (args.json.parent if args.json else None)
+    ctx = CheckContext(
+        endpoint,
+        recipe,
+        out_dir=out_dir,
+        params=parse_params(args.param),
+        request_timeout_s=args.timeout,
+        hardware=hardware_from(args.hardware),
+    )
     started = time.monotonic()
     results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
     if args.json:
