@@ -87,6 +87,13 @@ class Session:
         self.artifacts[name] = path.name
         return path
 
+    def show_figure(self, figure: "MplFigure", name: str) -> Any:
+        """Save the figure (`save_figure`) and return the saved PNG for the notebook to display: the report shows
+        exactly the file beside it, with or without an inline matplotlib backend in the kernel."""
+        from IPython.display import Image
+
+        return Image(filename=str(self.save_figure(figure, name)))
+
     def write_part(self, name: str, results: RunResults) -> Path:
         """This notebook's share of the run's results (merged by the batch into results.json)."""
         results = results.model_copy(update={"artifacts": {**results.artifacts, **self.artifacts}})
@@ -298,6 +305,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
         pm.execute_notebook(
             str(source), str(executed), parameters=parameters, kernel_name="python3", language="python",
             progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise here
         )
     except pm.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
@@ -438,6 +446,8 @@ def run_recipe(
     say: Say = print,
 ) -> BatchSummary:
     """One recipe's batch: attach to `base_url`, or launch the recipe's server for the run and stop it after."""
+    parse_hardware(hardware)  # a bad --hardware fails before a server is touched
+    resolve_notebooks(notebooks)  # so does a bad --notebooks
     if base_url:
         attach(base_url, recipe.served_model_name).close()  # fail fast, before a folder is made
     run_dir = prepare_run_dir(recipe, out)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pandas and matplotlib are imported only where a table or a 
 
     from .batch import BatchSummary
 
+_CODE_SPAN = re.compile(r"`([^`]+)`")
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
 # Figures the index shows first, in this order; any other figure follows.
 LEAD_FIGURES = ("throughput", "latency", "roofline", "needles", "prefix_cache")
@@ -29,6 +30,15 @@ LEAD_FIGURES = ("throughput", "latency", "roofline", "needles", "prefix_cache")
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tables for notebooks and reports
+
+
+def setup_display() -> None:
+    """Notebook tables shown whole: the seeds' labels and results are sentences, not to be cut at 50 characters."""
+    import pandas as pd
+
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_columns", None)
+    pd.set_option("display.width", 200)
 
 
 def checks_frame(results: RunResults) -> "pd.DataFrame":
@@ -159,9 +169,14 @@ def notebook_html(executed: Path, out: Path) -> Path:
     return write_atomic(out, _REMOTE_SCRIPT.sub("", body))
 
 
+def _inline(text: str) -> str:
+    """Escaped text with the seeds' `code` spans as <code>."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", html.escape(text))
+
+
 def _table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

