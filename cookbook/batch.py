@@ -76,15 +76,18 @@ class Session:
     hardware: Hardware
     server: Server | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
+    parts: dict[str, RunResults] = field(default_factory=dict)
 
     def check_context(self, **params: Any) -> CheckContext:
         return CheckContext(self.endpoint, self.recipe, self.out_dir, dict(params), hardware=self.hardware)
 
     def save_figure(self, figure: "MplFigure", name: str) -> Path:
-        """Save a figure as NAME.png beside the executed notebook; the next part written records it."""
+        """Save a figure as NAME.png beside the executed notebook; every part this session writes records it."""
         path = self.out_dir / f"{name}.png"
         figure.savefig(path, dpi=110, bbox_inches="tight")
         self.artifacts[name] = path.name
+        for part in self.parts:
+            self._write_part(part)
         return path
 
     def show_figure(self, figure: "MplFigure", name: str) -> Any:
@@ -95,7 +98,13 @@ class Session:
         return Image(filename=str(self.save_figure(figure, name)))
 
     def write_part(self, name: str, results: RunResults) -> Path:
-        """This notebook's share of the run's results (merged by the batch into results.json)."""
+        """This notebook's share of the run's results (merged by the batch into results.json), with the figures
+        saved before or after it."""
+        self.parts[name] = results
+        return self._write_part(name)
+
+    def _write_part(self, name: str) -> Path:
+        results = self.parts[name]
         results = results.model_copy(update={"artifacts": {**results.artifacts, **self.artifacts}})
         return write_results(results, self.out_dir / PARTS_DIR / f"{name}.json")
 

@@ -161,3 +161,18 @@ def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--hardware" in capsys.readouterr().err
     assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--notebooks", "nope"]) == 1
     assert "--notebooks: unknown notebook 'nope'" in capsys.readouterr().err
+
+
+def test_session_parts_record_figures_saved_before_and_after(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure as MplFigure
+
+    recipe = load_recipe(CPU)
+    session = batch.Session(recipe, Endpoint("http://127.0.0.1:9", "m"), tmp_path, Hardware(kind="cpu", description="c"))
+    first = MplFigure()
+    first.subplots().plot([0, 1])
+    session.save_figure(first, "before")
+    session.write_part("verify", session.new_results(kv_pool_tokens=5))
+    session.show_figure(first, "after")
+    part = read_results(tmp_path / "parts" / "verify.json")
+    assert part.artifacts == {"before": "before.png", "after": "after.png"} and part.kv_pool_tokens == 5
+    assert (tmp_path / "after.png").stat().st_size > 1000
