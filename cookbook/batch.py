@@ -489,8 +489,6 @@ def unreachable_reason(recipe: Recipe) -> str | None:
 
 
 DEMO_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# Notebook parameters of the demo on top of the notebooks' own defaults (which follow the recipe).
-DEMO_PARAMETERS: dict[str, Any] = {}
 
 
 def run_demo(
@@ -506,11 +504,13 @@ def run_demo(
 
     started = time.monotonic()
     recipe = load_recipe(DEMO_RECIPE)
+    resolve_notebooks(notebooks)  # bad arguments fail before anything is built
+    run_dir = prepare_run_dir(recipe, out)
     image = ensure_cpu_image(progress=say)
     if recipe.serve.weights is not None:
         ensure_model(recipe.serve.weights.prepare, image, progress=say)
     setup_s = time.monotonic() - started
-    summary = run_recipe(recipe, None, out, notebooks, {**DEMO_PARAMETERS, **(parameters or {})}, None, say)
+    summary = run_recipe(recipe, None, run_dir, notebooks, parameters, None, say)
     summary.timings = {"setup_s": round(setup_s, 1), **summary.timings, "total_s": round(time.monotonic() - started, 1)}
     write_atomic(Path(summary.run_dir) / "summary.json", summary.model_dump_json(indent=2) + "\n")
     return summary

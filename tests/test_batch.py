@@ -176,3 +176,13 @@ def test_session_parts_record_figures_saved_before_and_after(tmp_path: Path) -> 
     part = read_results(tmp_path / "parts" / "verify.json")
     assert part.artifacts == {"before": "before.png", "after": "after.png"} and part.kv_pool_tokens == 5
     assert (tmp_path / "after.png").stat().st_size > 1000
+
+
+def test_demo_refuses_a_used_out_folder_before_building_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cookbook.cli import main
+
+    (tmp_path / "old.txt").write_text("x")
+    assert main(["demo", "--out", str(tmp_path)]) == 1
+    assert f"--out: {tmp_path} exists and is not an empty folder" in capsys.readouterr().err
+    assert main(["demo", "--out", str(tmp_path / "new"), "--notebooks", "nope"]) == 1
+    assert not (tmp_path / "new").exists()
