@@ -2,7 +2,7 @@
 """The client's own cost: CPU seconds per generated token at 16 streams, ours and `vllm bench serve`'s.
 
 Both send the same 16 chat prompts with the same output length at 16 in flight (the server queues what exceeds its
---max-num-seqs), interleaved A B A B. CPU time is this process's (user + system, all threads) over the main run
+--max-num-seqs), interleaved A B B A .... CPU time is this process's (user + system, all threads) over the main run
 only: for ours from the first send to the last token (`BatchResult.client_cpu_s`), for vllm bench between the
 metrics it fetches just before and just after its main run (see parity_vllm_bench.py). Targets: under 10 % of one
 core, and no more than vllm bench per token.
@@ -27,7 +27,8 @@ CORE_TARGET = 0.10
 def _line(run: Run) -> str:
     per_token = run.client_cpu_s / max(1, run.output_tokens)
     return (f"{run.tool:<10} {run.output_tokens} tokens in {run.wall_s:6.1f} s: client CPU {run.client_cpu_s:.3f} s = "
-            f"{per_token * 1e6:6.1f} us/token, {run.client_cpu_s / run.wall_s:6.2%} of a core, failed {run.failed}")
+            f"{per_token * 1e6:6.1f} us/token, {run.client_cpu_s / run.wall_s:6.2%} of a core, failed {run.failed}, "
+            f"load {run.load:.1f}")
 
 
 def main() -> int:
@@ -42,11 +43,12 @@ def main() -> int:
     with server_for(args, recipe) as endpoint:
         run_ours(endpoint, 1, 1, 16)  # warm-up, not counted
         for round_ in range(1, args.rounds + 1):
-            a = run_ours(endpoint, args.streams, args.streams, args.output_tokens)
-            b = run_vllm_bench(image, endpoint, tokenizer, args.streams, args.streams, args.output_tokens)
-            ours.append(a)
-            theirs.append(b)
-            print(f"round {round_} {_line(a)}\nround {round_} {_line(b)}", flush=True)
+            pair = [lambda: run_ours(endpoint, args.streams, args.streams, args.output_tokens),
+                    lambda: run_vllm_bench(image, endpoint, tokenizer, args.streams, args.streams, args.output_tokens)]
+            for measure in pair if round_ % 2 else reversed(pair):  # A B, then B A
+                run = measure()
+                (ours if run.tool == "cookbook" else theirs).append(run)
+                print(f"round {round_} {_line(run)}", flush=True)
     per_token = lambda runs: sum(r.client_cpu_s for r in runs) / sum(r.output_tokens for r in runs)  # noqa: E731
     share = lambda runs: sum(r.client_cpu_s for r in runs) / sum(r.wall_s for r in runs)  # noqa: E731
     mine, vllm = per_token(ours), per_token(theirs)

@@ -2,8 +2,9 @@
 """Trust in the numbers: our single-stream and N-stream workloads against `vllm bench serve`, on one server.
 
 Both tools send the same chat prompts (the cookbook's short prompts) with the same output length (ignore_eos and a
-fixed token budget, temperature 0), interleaved A B A B so that drift on a shared machine hits both alike, and this
-prints the ratio ours / vllm bench of the aggregate tokens/s and of the mean TTFT. Target: within 2 %.
+fixed token budget, temperature 0), interleaved A B B A A B ... so that drift on a shared machine hits both alike, and
+this prints the ratio ours / vllm bench of the aggregate tokens/s and of the mean TTFT: the median of the per-pair
+ratios (robust to a run that a neighbour slowed down) and the ratio of the means. Target: within 2 %.
 
 `vllm bench serve` runs in the CPU image's Python through the same function its CLI calls
 (`vllm.benchmarks.serve.main`, with its own argument parser), with two hooks: the data set is our prompt list (the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,6 +83,7 @@ class Run:
     """One run of one tool: what both report, the same way (aggregate = output tokens / duration)."""
 
     tool: str
+    load: float  # the machine's 1-minute load average when the run ended: how noisy it was
     aggregate_tokens_per_s: float
     mean_ttft_ms: float
     output_tokens: int
@@ -122,14 +125,14 @@ def run_vllm_bench(image: ImageEnv, endpoint: Endpoint, tokenizer: str, requests
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
         raise SystemExit("vllm bench serve failed:\n  " + "\n  ".join(tail))
     data: dict[str, Any] = json.loads(line.removeprefix("COOKBOOK_RESULT "))
-    return Run("vllm bench", data["output_throughput"], data["mean_ttft_ms"], data["total_output_tokens"],
+    return Run("vllm bench", os.getloadavg()[0], data["output_throughput"], data["mean_ttft_ms"], data["total_output_tokens"],
                data["total_input_tokens"], data.get("failed", 0), data["client_cpu_s"], data["client_wall_s"])
 
 
 def run_ours(endpoint: Endpoint, requests: int, concurrency: int, output_tokens: int, timeout_s: float = 900.0) -> Run:
     batch = run_batch(endpoint, short_requests(requests, output_tokens, timeout_s), concurrency)
     ttfts = [r.ttft_s for r in batch.ok if r.ttft_s is not None]
-    return Run("cookbook", batch.aggregate_tokens_per_s or 0.0, 1e3 * statistics.fmean(ttfts) if ttfts else float("nan"),
+    return Run("cookbook", os.getloadavg()[0], batch.aggregate_tokens_per_s or 0.0, 1e3 * statistics.fmean(ttfts) if ttfts else float("nan"),
                batch.generated_tokens, sum(r.prompt_tokens or 0 for r in batch.ok), batch.failed, batch.client_cpu_s,
                batch.wall_s)
 
@@ -150,19 +153,34 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--base-url", help="a running server to measure")
     target.add_argument("--launch", action="store_true", help="start the recipe's own server on a free port")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
-    parser.add_argument("--rounds", type=int, default=3, help="A B pairs per workload (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="pairs per workload, A B then B A (default 5)")
     parser.add_argument("--output-tokens", type=int, default=256)
     parser.add_argument("--json", type=Path, help="write every run and the ratios here")
 
 
+def ratios(ours: list[Run], theirs: list[Run]) -> dict[str, Any]:
+    """Ours / vllm bench for aggregate tokens/s and mean TTFT: median of the pairs, and ratio of the means."""
+    pairs = {
+        "aggregate": [a.aggregate_tokens_per_s / b.aggregate_tokens_per_s for a, b in zip(ours, theirs)],
+        "ttft": [a.mean_ttft_ms / b.mean_ttft_ms for a, b in zip(ours, theirs)],
+    }
+    means = {
+        "aggregate": statistics.fmean(r.aggregate_tokens_per_s for r in ours) / statistics.fmean(r.aggregate_tokens_per_s for r in theirs),
+        "ttft": statistics.fmean(r.mean_ttft_ms for r in ours) / statistics.fmean(r.mean_ttft_ms for r in theirs),
+    }
+    return {"pairs": pairs, "median": {k: statistics.median(v) for k, v in pairs.items()}, "of_means": means}
+
+
 def _ratio_line(name: str, ours: list[Run], theirs: list[Run]) -> dict[str, Any]:
-    agg = statistics.fmean(r.aggregate_tokens_per_s for r in ours) / statistics.fmean(r.aggregate_tokens_per_s for r in theirs)
-    ttft = statistics.fmean(r.mean_ttft_ms for r in ours) / statistics.fmean(r.mean_ttft_ms for r in theirs)
-    pairs = [a.aggregate_tokens_per_s / b.aggregate_tokens_per_s for a, b in zip(ours, theirs)]
+    result = ratios(ours, theirs)
     verdict = lambda x: "within 2%" if abs(x - 1) <= TARGET else "OUTSIDE 2%"  # noqa: E731
-    print(f"{name}: aggregate tokens/s ours/vllm bench = {agg:.4f} ({verdict(agg)}; pairs "
-          f"{', '.join(f'{p:.3f}' for p in pairs)}); mean TTFT ours/vllm bench = {ttft:.4f} ({verdict(ttft)})")
-    return {"workload": name, "aggregate_ratio": agg, "ttft_ratio": ttft, "pair_aggregate_ratios": pairs}
+    for key, title in (("aggregate", "aggregate tokens/s"), ("ttft", "mean TTFT")):
+        median, of_means = result["median"][key], result["of_means"][key]
+        print(f"{name}: {title} ours/vllm bench: median of pairs {median:.4f} ({verdict(median)}), ratio of means "
+              f"{of_means:.4f}; pairs {', '.join(f'{p:.3f}' for p in result['pairs'][key])}")
+    load = statistics.fmean(r.load for r in ours + theirs)
+    print(f"{name}: mean 1-minute load average over the runs {load:.1f} (2 cores)")
+    return {"workload": name, **result, "load_average": load}
 
 
 def main() -> int:
@@ -181,13 +199,14 @@ def main() -> int:
         run_ours(endpoint, 1, 1, 16)  # warm-up, not counted
         for round_ in range(1, args.rounds + 1):
             for name, (requests, concurrency) in workloads.items():
-                a = run_ours(endpoint, requests, concurrency, args.output_tokens)
-                b = run_vllm_bench(image, endpoint, tokenizer, requests, concurrency, args.output_tokens)
-                for run in (a, b):
+                pair = [lambda: run_ours(endpoint, requests, concurrency, args.output_tokens),
+                        lambda: run_vllm_bench(image, endpoint, tokenizer, requests, concurrency, args.output_tokens)]
+                for measure in pair if round_ % 2 else reversed(pair):  # A B, then B A: drift cancels
+                    run = measure()
                     runs[f"{name}/{run.tool}"].append(run)
                     print(f"round {round_} {name:<13} {run.tool:<10} {run.aggregate_tokens_per_s:8.2f} tok/s  TTFT "
-                          f"{run.mean_ttft_ms:8.1f} ms  tokens {run.output_tokens} (prompts {run.prompt_tokens})  failed {run.failed}",
-                          flush=True)
+                          f"{run.mean_ttft_ms:8.1f} ms  tokens {run.output_tokens} (prompts {run.prompt_tokens})  "
+                          f"failed {run.failed}  load {run.load:.1f}", flush=True)
     print()
     summary = [_ratio_line(name, runs[f"{name}/cookbook"], runs[f"{name}/vllm bench"]) for name in workloads]
     if args.json:
