@@ -302,6 +302,19 @@ def resolve_notebooks(selection: list[str | Path] | None, folder: Path = NOTEBOO
     return chosen
 
 
+def plan(notebooks: list[str | Path] | None, parameters: dict[str, Any] | None) -> dict[Path, set[str]]:
+    """The notebooks to run, each with the parameter names its `parameters` cell declares (papermill reads the
+    cell, no kernel starts). An unknown notebook or a parameter no notebook takes fails here, before anything runs."""
+    import papermill as pm
+
+    declared = {source: set(pm.inspect_notebook(str(source))) for source in resolve_notebooks(notebooks)}
+    known = set().union(*declared.values())
+    unknown = sorted(set(parameters or {}) - known)
+    if unknown:
+        raise CookbookError(f"--param: {unknown[0]} is not a parameter of the notebooks run (they take: {', '.join(sorted(known))})")
+    return declared
+
+
 def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) -> NotebookOutcome:
     """Run one notebook with papermill into the run folder; an error is recorded, never raised."""
     import papermill as pm
@@ -398,7 +411,8 @@ def run_batch(
     """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary."""
     from .report import mask_secrets, write_index
 
-    sources = resolve_notebooks(notebooks)
+    declared = plan(notebooks, parameters)
+    sources = list(declared)
     parse_hardware(hardware)  # a bad --hardware fails before anything runs
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = BatchSummary(recipe=recipe.id, run_dir=str(run_dir.resolve()), base_url=base_url, launched=launched,
@@ -409,7 +423,8 @@ def run_batch(
     common = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
     for number, source in enumerate(sources, 1):
         say(f"[{number}/{len(sources)}] {source.stem} ...")
-        outcome = execute_notebook(source, run_dir, {**common, **(parameters or {})})
+        given = {**common, **(parameters or {})}
+        outcome = execute_notebook(source, run_dir, {k: v for k, v in given.items() if k in declared[source]})
         summary.notebooks.append(outcome)
         say(f"[{number}/{len(sources)}] {source.stem}: {outcome.status} in {outcome.seconds:.0f} s"
             + (f" ({outcome.error})" if outcome.error else ""))
@@ -456,7 +471,7 @@ def run_recipe(
 ) -> BatchSummary:
     """One recipe's batch: attach to `base_url`, or launch the recipe's server for the run and stop it after."""
     parse_hardware(hardware)  # a bad --hardware fails before a server is touched
-    resolve_notebooks(notebooks)  # so does a bad --notebooks
+    plan(notebooks, parameters)  # so do a bad --notebooks and --param
     if base_url:
         attach(base_url, recipe.served_model_name).close()  # fail fast, before a folder is made
     run_dir = prepare_run_dir(recipe, out)
@@ -504,7 +519,7 @@ def run_demo(
 
     started = time.monotonic()
     recipe = load_recipe(DEMO_RECIPE)
-    resolve_notebooks(notebooks)  # bad arguments fail before anything is built
+    plan(notebooks, parameters)  # bad arguments fail before anything is built
     run_dir = prepare_run_dir(recipe, out)
     image = ensure_cpu_image(progress=say)
     if recipe.serve.weights is not None:

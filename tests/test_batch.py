@@ -50,6 +50,14 @@ def test_resolve_notebooks_by_name_short_name_and_path(tmp_path: Path) -> None:
         batch.resolve_notebooks([tmp_path / "absent.ipynb"])
 
 
+def test_plan_gives_each_notebook_only_its_own_parameters() -> None:
+    planned = batch.plan(["verify", "needles"], {"CHECKS": ["seed"], "LENGTHS": [1000]})
+    verify, needles = planned.values()
+    assert "CHECKS" in verify and "LENGTHS" not in verify
+    assert "LENGTHS" in needles and "CHECKS" not in needles
+    assert {"RECIPE", "BASE_URL", "OUT_DIR", "HARDWARE", "INTERACTIVE"} <= verify & needles
+
+
 def test_parse_params_and_hardware() -> None:
     assert parse_params(["CONCURRENCY=4", "LENGTHS=[1000, 2000]", "NAME=abc"]) == {
         "CONCURRENCY": 4, "LENGTHS": [1000, 2000], "NAME": "abc"}
@@ -159,6 +167,8 @@ def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "no/such-recipe"]) == 2
     assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--hardware", "gaudi2"]) == 1
     assert "--hardware" in capsys.readouterr().err
+    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--param", "NOPE=1"]) == 1
+    assert "--param: NOPE is not a parameter of the notebooks run (they take: " in capsys.readouterr().err
     assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--notebooks", "nope"]) == 1
     assert "--notebooks: unknown notebook 'nope'" in capsys.readouterr().err
 
