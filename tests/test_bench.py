@@ -265,39 +265,54 @@ def test_plots_render_headless(tmp_path: Path) -> None:
 
 
 class _FakeServer(BaseHTTPRequestHandler):
-    """Streams `tokens` chunks; 'slow' in the prompt sleeps between chunks, 'fail' answers HTTP 500."""
+    """Streams `max_tokens` chunks with chunked transfer coding; 'slow' in the prompt sleeps between chunks,
+    'fail' answers HTTP 500 with a Content-Length body, 'eof' streams without a length up to the close."""
 
-    protocol_version = "HTTP/1.0"
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         self.send_response(404)
+        self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def _send(self, data: bytes, chunked: bool) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+        self.wfile.flush()
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body["messages"][0]["content"]
+        assert self.headers["Connection"] == "close" and body["stream"] and body["ignore_eos"]
         if "fail" in prompt:
+            error = b'{"error": {"message": "boom"}}'
             self.send_response(500)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(error)))
             self.end_headers()
-            self.wfile.write(b'{"error": {"message": "boom"}}')
+            self.wfile.write(error)
             return
+        chunked = "eof" not in prompt
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         tokens = body["max_tokens"]
-        self.wfile.write(b"data: " + _chunk(content="", role="assistant") + b"\n\n")
+        self._send(b"data: " + _chunk(content="", role="assistant") + b"\n\n", chunked)
         for i in range(tokens):
             if "slow" in prompt:
                 time.sleep(0.2)
             last = "length" if i == tokens - 1 else None
-            self.wfile.write(b"data: " + _chunk(f" t{i}", finish=last) + b"\n\n")
-            self.wfile.flush()
+            self._send(b"data: " + _chunk(f" t{i}", finish=last) + b"\n\n", chunked)
         usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}
-        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        self._send(b"data: " + json.dumps(usage).encode() + b"\n\n", chunked)
+        self._send(b"data: [DONE]\n\n", chunked)
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
 
 
 @pytest.fixture
@@ -316,13 +331,15 @@ def test_a_failed_and_a_timed_out_request_are_counted_not_dropped(fake_server: E
         StreamRequest([{"role": "user", "content": "hello"}], 8, timeout_s=10),
         StreamRequest([{"role": "user", "content": "fail"}], 8, timeout_s=10),
         StreamRequest([{"role": "user", "content": "slow"}], 20, timeout_s=0.5),
+        StreamRequest([{"role": "user", "content": "eof"}], 8, timeout_s=10),
     ]
     batch = run_batch(fake_server, requests)
-    good, failed, slow = batch.results
+    good, failed, slow, eof = batch.results
     assert good.ok and good.output_tokens == 8 and len(good.itl_s) == 7 and good.text.startswith(" t0")
+    assert eof.ok and eof.output_tokens == 8 and eof.text == good.text
     assert not failed.ok and failed.error.startswith("HTTP 500")
     assert not slow.ok and slow.error == "no complete answer within 0.5 s"
-    assert batch.failed == 2 and batch.generated_tokens == 8
+    assert batch.failed == 2 and batch.generated_tokens == 16
     assert batch.other_requests_at_start is None  # this server has no /metrics
     figure = n_streams_figure(batch, 8, CPU)
     assert figure.failed_requests == 2 and len(figure.details["errors"]) == 2
