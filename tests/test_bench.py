@@ -319,6 +319,7 @@ class _FakeServer(BaseHTTPRequestHandler):
 def fake_server() -> Iterator[Endpoint]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
     server.daemon_threads = True
+    server.handle_error = lambda *args: None  # type: ignore[method-assign]  # the timed-out client hangs up
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "fake")
