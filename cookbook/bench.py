@@ -57,8 +57,9 @@ SHORT_TOPICS = (
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
-# The running request's timing state: the transport stamps the moment its bytes go out, so that the openai client's
-# own request building (about 1 ms, 20 ms for a process's first request) is not counted as the server's TTFT.
+# The running request's timing state: the transport stamps the moment it is handed the request (then connects and
+# sends), so that the openai client's own request building (about 1 ms, 20 ms for a process's first request) is not
+# counted as the server's TTFT; vllm bench's clock likewise starts as its HTTP session is handed the request.
 _TIMING: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("cookbook_bench_timing", default=None)
 
 
@@ -304,6 +305,9 @@ class _Transport(httpx2.AsyncBaseTransport):
         self._connect_timeout_s = connect_timeout_s
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        timing = _TIMING.get()
+        if timing is not None:  # the clock starts here: connecting and sending count, building the request does not
+            timing["sent"] = timing["last"] = time.perf_counter()
         url = request.url
         body = await request.aread()
         try:
@@ -315,9 +319,6 @@ class _Transport(httpx2.AsyncBaseTransport):
         head = [b"%s %s HTTP/1.1" % (request.method.encode(), url.raw_path), b"Host: %s" % url.netloc]
         head += [b"%s: %s" % (k, v) for k, v in request.headers.raw if k.lower() not in _SKIPPED_HEADERS]
         head += [b"Content-Length: %d" % len(body), b"Accept-Encoding: identity", b"Connection: close"]
-        timing = _TIMING.get()
-        if timing is not None:
-            timing["sent"] = timing["last"] = time.perf_counter()
         writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
         await writer.drain()
         status = int((await reader.readline()).split(None, 2)[1])
