@@ -63,6 +63,27 @@ T = TypeVar("T")
 _TIMING: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("cookbook_bench_timing", default=None)
 
 
+class _FirstWave:
+    """Holds the first `size` requests of a batch at the transport until all of them are built, then lets them go
+    together: "N streams at once" means at once, however long the openai client takes to build each request."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.arrived, self.released = size, 0, asyncio.Event()
+
+    def arrive(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.size:
+            self.released.set()
+
+    async def wait(self) -> None:
+        if not self.released.is_set():
+            self.arrive()
+            await self.released.wait()
+
+
+_WAVE: contextvars.ContextVar[_FirstWave | None] = contextvars.ContextVar("cookbook_bench_wave", default=None)
+
+
 class BenchConfig(BaseModel):
     """How the workloads run; the defaults are the seeds' (256 tokens, N = --max-num-seqs, 65K/131K/244K scaled)."""
 
@@ -251,6 +272,9 @@ async def _stream_one(client: Any, model: str, request: StreamRequest, temperatu
         result.error = f"HTTP {exc.status_code}: {str(exc.message)[:300]}"
     except Exception as exc:  # any failure of this request (connection, protocol, payload) is counted, never raised
         result.error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    wave = _WAVE.get()
+    if wave is not None and not state.get("at_transport"):
+        wave.arrive()  # failed before it was sent: the rest of the first wave must not wait for it
     if not state["usage"]:
         result.usage_missing = True
         result.output_tokens = int(state["chunks"])
@@ -306,6 +330,11 @@ class _Transport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         timing = _TIMING.get()
+        wave = _WAVE.get()
+        if wave is not None:
+            if timing is not None:
+                timing["at_transport"] = 1
+            await wave.wait()
         if timing is not None:  # the clock starts here: connecting and sending count, building the request does not
             timing["sent"] = timing["last"] = time.perf_counter()
         url = request.url
@@ -430,6 +459,7 @@ def _others_in_flight(endpoint: Endpoint) -> int | None:
 async def _batch(endpoint: Endpoint, requests: list[StreamRequest], concurrency: int, temperature: float) -> tuple[list[StreamResult], float, float]:
     client = _client(endpoint, max(r.timeout_s for r in requests))
     gate = asyncio.Semaphore(concurrency)
+    _WAVE.set(_FirstWave(min(concurrency, len(requests))))  # the tasks below inherit it
 
     async def limited(request: StreamRequest) -> StreamResult:
         async with gate:

@@ -352,3 +352,24 @@ def test_a_server_that_is_down_stops_the_benchmark() -> None:
 
     with pytest.raises(ServerDown):
         run_batch(Endpoint(f"http://127.0.0.1:{free_port()}", "m"), bench.short_requests(2, 8, 5.0))
+
+
+def test_the_first_wave_leaves_together_even_when_one_request_never_gets_sent() -> None:
+    async def scenario() -> list[str]:
+        wave = bench._FirstWave(3)
+        order: list[str] = []
+
+        async def request(name: str) -> None:
+            await wave.wait()
+            order.append(name)
+
+        first = asyncio.create_task(request("a"))
+        second = asyncio.create_task(request("b"))
+        await asyncio.sleep(0.01)
+        assert order == [] and not wave.released.is_set()
+        wave.arrive()  # the third failed while the client built it
+        await asyncio.gather(first, second)
+        await wave.wait()  # later requests pass straight through
+        return order
+
+    assert sorted(asyncio.run(scenario())) == ["a", "b"]
