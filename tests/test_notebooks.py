@@ -105,6 +105,9 @@ def test_notebooks_write_their_results(batch_run: tuple[batch.BatchSummary, Path
     assert [c.name for c in verify.checks] == SMALL["CHECKS"]
     assert verify.check("top-logprobs").status == "pass"  # type: ignore[union-attr]
     assert verify.check("server-health").status == "pass"  # type: ignore[union-attr]
+    health = results.check("server-health")  # re-checked by the batch against its own start: the whole run
+    assert health is not None and health.status == "pass" and health.details["scope"] == "the whole batch"
+    assert [c.name for c in results.checks][-1] == "server-health"  # the Verified table's order
     prefix = results.check("prefix-cache")
     assert prefix is not None and prefix.status == "pass", prefix and prefix.result
     assert [p["prompt_tokens"] for p in prefix.details["prompts"]] == SMALL["PROMPT_TOKENS"]
