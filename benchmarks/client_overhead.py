@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 
-from parity_vllm_bench import Run, add_common_args, run_ours, run_vllm_bench, server_for, tokenizer_for
+from parity_vllm_bench import Run, VllmBench, add_common_args, run_ours, server_for, tokenizer_for
 
 from cookbook.image import cpu_image
 from cookbook.recipes import load_recipe
@@ -37,14 +37,13 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=16, help="streams in flight (default 16)")
     args = parser.parse_args()
     recipe = load_recipe(args.recipe)
-    image, tokenizer = cpu_image(), tokenizer_for(recipe)
     ours: list[Run] = []
     theirs: list[Run] = []
-    with server_for(args, recipe) as endpoint:
+    with server_for(args, recipe) as endpoint, VllmBench(cpu_image(), tokenizer_for(recipe)) as vllm_bench:
         run_ours(endpoint, 1, 1, 16)  # warm-up, not counted
         for round_ in range(1, args.rounds + 1):
             pair = [lambda: run_ours(endpoint, args.streams, args.streams, args.output_tokens),
-                    lambda: run_vllm_bench(image, endpoint, tokenizer, args.streams, args.streams, args.output_tokens)]
+                    lambda: vllm_bench.run(endpoint, args.streams, args.streams, args.output_tokens)]
             for measure in pair if round_ % 2 else reversed(pair):  # A B, then B A
                 run = measure()
                 (ours if run.tool == "cookbook" else theirs).append(run)

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,7 +38,8 @@ from cookbook.recipes import Recipe, load_recipe
 DEFAULT_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TARGET = 0.02
 
-# Runs in the image: `vllm bench serve` with our prompts as its data set and CPU time read around the main run
+# Runs in the image, once: imports vLLM, then runs `vllm bench serve` for every job line on stdin (its arguments and
+# our prompts as its data set) and answers with one result line, the client CPU time read around the main run only
 # (between the metrics fetched just before it and those fetched just after it).
 DRIVER = r"""
 import json, sys, time
@@ -45,15 +47,11 @@ import vllm.benchmarks.serve as serve
 from vllm.benchmarks.datasets import SampleRequest
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-argv = sys.argv[1:]
-at = argv.index("--cookbook-prompts")
-prompts = json.load(open(argv[at + 1]))
-del argv[at:at + 2]
-
+job = {}
 def samples(args, tokenizer):
     return [SampleRequest(prompt=p, prompt_len=len(tokenizer(p).input_ids), expected_output_len=args.output_len,
                           request_id=f"cookbook-{i}", chat_messages=[{"role": "user", "content": p}])
-            for i, p in enumerate(prompts)]
+            for i, p in enumerate(job["prompts"])]
 
 marks = []
 def timed(fn):
@@ -69,12 +67,16 @@ serve.fetch_spec_decode_metrics = timed(serve.fetch_spec_decode_metrics)
 serve.fetch_diffusion_metrics = timed(serve.fetch_diffusion_metrics)
 parser = FlexibleArgumentParser()
 serve.add_cli_args(parser)
-result = serve.main(parser.parse_args(argv))
-start, stop = marks[3], marks[4]  # exit of the second fetch before the run, entry of the first after it
-keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) or v is None}
-keep["client_cpu_s"] = stop[0] - start[0]
-keep["client_wall_s"] = stop[1] - start[1]
-print("COOKBOOK_RESULT " + json.dumps(keep), flush=True)
+print("COOKBOOK_READY", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    marks.clear()
+    result = serve.main(parser.parse_args(job["argv"]))
+    start, stop = marks[3], marks[4]  # exit of the second fetch before the run, entry of the first after it
+    keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) or v is None}
+    keep["client_cpu_s"] = stop[0] - start[0]
+    keep["client_wall_s"] = stop[1] - start[1]
+    print("COOKBOOK_RESULT " + json.dumps(keep), flush=True)
 """
 
 
@@ -110,23 +112,62 @@ def bench_serve_args(endpoint: Endpoint, tokenizer: str, requests: int, concurre
     ]
 
 
-def run_vllm_bench(image: ImageEnv, endpoint: Endpoint, tokenizer: str, requests: int, concurrency: int,
-                   output_tokens: int, timeout_s: float = 900.0) -> Run:
-    with tempfile.TemporaryDirectory(prefix="cookbook-parity-") as folder:
-        prompts = Path(folder) / "prompts.json"
-        prompts.write_text(json.dumps(short_prompts(requests)))
-        argv = [str(image.python), "-c", DRIVER, *bench_serve_args(endpoint, tokenizer, requests, concurrency, output_tokens),
-                "--cookbook-prompts", str(prompts)]
+class VllmBench:
+    """`vllm bench serve` in one long-lived process of the image (imported once), so that each of its runs sits
+    right beside ours instead of behind a vLLM import."""
+
+    def __init__(self, image: ImageEnv, tokenizer: str) -> None:
         env = image.env()
         env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
-        proc = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True, timeout=timeout_s)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("COOKBOOK_RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+        self._folder = tempfile.TemporaryDirectory(prefix="cookbook-parity-")
+        self._log = open(Path(self._folder.name) / "vllm-bench.log", "w+")
+        self._proc = subprocess.Popen([str(image.python), "-c", DRIVER], env=env, cwd=self._folder.name, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        self.tokenizer = tokenizer
+        self._expect("COOKBOOK_READY")
+
+    def _expect(self, marker: str) -> str:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.startswith(marker):
+                return line[len(marker):].strip()
+        self._log.seek(0)
+        tail = self._log.read().strip().splitlines()[-8:]
         raise SystemExit("vllm bench serve failed:\n  " + "\n  ".join(tail))
-    data: dict[str, Any] = json.loads(line.removeprefix("COOKBOOK_RESULT "))
-    return Run("vllm bench", os.getloadavg()[0], data["output_throughput"], data["mean_ttft_ms"], data["total_output_tokens"],
-               data["total_input_tokens"], data.get("failed", 0), data["client_cpu_s"], data["client_wall_s"])
+
+    def run(self, endpoint: Endpoint, requests: int, concurrency: int, output_tokens: int, timeout_s: float = 900.0) -> Run:
+        """One `vllm bench serve` run; the process is killed (and this fails) if it takes longer than `timeout_s`."""
+        assert self._proc.stdin is not None
+        job = {"argv": bench_serve_args(endpoint, self.tokenizer, requests, concurrency, output_tokens),
+               "prompts": short_prompts(requests)}
+        self._proc.stdin.write(json.dumps(job) + "\n")
+        self._proc.stdin.flush()
+        watchdog = threading.Timer(timeout_s, self._proc.kill)
+        watchdog.start()
+        try:
+            data: dict[str, Any] = json.loads(self._expect("COOKBOOK_RESULT "))
+        finally:
+            watchdog.cancel()
+        return Run("vllm bench", os.getloadavg()[0], data["output_throughput"], data["mean_ttft_ms"],
+                   data["total_output_tokens"], data["total_input_tokens"], data.get("failed", 0), data["client_cpu_s"],
+                   data["client_wall_s"])
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+        self._folder.cleanup()
+
+    def __enter__(self) -> "VllmBench":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def run_ours(endpoint: Endpoint, requests: int, concurrency: int, output_tokens: int, timeout_s: float = 900.0) -> Run:
@@ -192,15 +233,15 @@ def main() -> int:
     recipe = load_recipe(args.recipe)
     streams = args.streams or recipe.max_num_seqs
     workloads = {"single-stream": (args.single_requests, 1), "n-streams": (streams, streams)}
-    image, tokenizer = cpu_image(), tokenizer_for(recipe)
+    tokenizer = tokenizer_for(recipe)
     runs: dict[str, list[Run]] = {f"{w}/{t}": [] for w in workloads for t in ("cookbook", "vllm bench")}
-    with server_for(args, recipe) as endpoint:
+    with server_for(args, recipe) as endpoint, VllmBench(cpu_image(), tokenizer) as vllm_bench:
         print(f"server {endpoint.base_url}, model {endpoint.model}; vllm bench serve {' '.join(bench_serve_args(endpoint, tokenizer, streams, streams, args.output_tokens))}")
         run_ours(endpoint, 1, 1, 16)  # warm-up, not counted
         for round_ in range(1, args.rounds + 1):
             for name, (requests, concurrency) in workloads.items():
                 pair = [lambda: run_ours(endpoint, requests, concurrency, args.output_tokens),
-                        lambda: run_vllm_bench(image, endpoint, tokenizer, requests, concurrency, args.output_tokens)]
+                        lambda: vllm_bench.run(endpoint, requests, concurrency, args.output_tokens)]
                 for measure in pair if round_ % 2 else reversed(pair):  # A B, then B A: drift cancels
                     run = measure()
                     runs[f"{name}/{run.tool}"].append(run)
