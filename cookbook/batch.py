@@ -353,13 +353,7 @@ def merge_parts(run_dir: Path, recipe: Recipe) -> RunResults | None:
         part = read_results(path)
         if part.recipe != recipe.id:
             raise CookbookError(f"{path}: results of {part.recipe!r} in a run of {recipe.id!r}")
-        if merged is None:
-            merged = part
-        else:
-            started = min(filter(None, [merged.started_at, part.started_at]), default="")
-            notes = {"verified_note": merged.verified_note or part.verified_note,
-                     "performance_note": merged.performance_note or part.performance_note}
-            merged = merged.merge(part).model_copy(update={"started_at": started, **notes})
+        merged = part if merged is None else merged.merge(part)
     return None if merged is None else in_table_order(merged)
 
 

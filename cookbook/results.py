@@ -102,6 +102,9 @@ class RunResults(BaseModel):
                 "kv_pool_tokens": other.kv_pool_tokens or self.kv_pool_tokens,
                 "artifacts": {**self.artifacts, **other.artifacts},
                 "finished_at": other.finished_at or self.finished_at,
+                "started_at": min(filter(None, [self.started_at, other.started_at]), default=""),
+                "verified_note": self.verified_note or other.verified_note,
+                "performance_note": self.performance_note or other.performance_note,
             }
         )
 
