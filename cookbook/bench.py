@@ -22,6 +22,7 @@ import contextvars
 import gc
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence, TypeVar
@@ -386,6 +387,7 @@ class BatchResult:
     client_cpu_s: float = 0.0  # CPU seconds this process spent while the batch ran
     other_requests_at_start: int | None = None
     other_requests_at_end: int | None = None
+    load_average: float | None = None  # this machine's 1-minute load average as the batch ended (shared machines)
 
     @property
     def ok(self) -> list[StreamResult]:
@@ -499,7 +501,7 @@ def run_batch(endpoint: Endpoint, requests: list[StreamRequest], concurrency: in
     after = _others_in_flight(endpoint)
     if not any(r.ok for r in results) and not endpoint.healthy():
         raise ServerDown(f"{endpoint.base_url}: the server stopped answering during the benchmark")
-    return BatchResult(concurrency, results, wall, cpu, before, after)
+    return BatchResult(concurrency, results, wall, cpu, before, after, round(os.getloadavg()[0], 2))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -568,6 +570,7 @@ def _batch_details(batch: BatchResult, hardware: Hardware) -> dict[str, Any]:
         "client_cpu_s": round(batch.client_cpu_s, 4),
         "other_requests_at_start": batch.other_requests_at_start,
         "other_requests_at_end": batch.other_requests_at_end,
+        "client_load_average": batch.load_average,
         "output_tokens_per_request": sorted({r.output_tokens for r in batch.ok}),
     }
     if batch.failed:
@@ -668,8 +671,10 @@ def _cold_runs(endpoint: Endpoint, length: int, depths: list[float], config: Ben
             runs.append((depth, StreamResult(error=f"building the prompt: {exc}"), {}))
             continue
         request = StreamRequest(stack.messages, config.answer_tokens, timeout, haystack.new_salt())
-        result = run_batch(endpoint, [request], 1, config.temperature).results[0]
-        info = {"needle_found": needle.found_in(result.text), "asked_prompt_tokens": stack.prompt_tokens}
+        batch = run_batch(endpoint, [request], 1, config.temperature)
+        result = batch.results[0]
+        info = {"needle_found": needle.found_in(result.text), "asked_prompt_tokens": stack.prompt_tokens,
+                "client_load_average": batch.load_average}
         runs.append((depth, result, info))
     return runs
 
@@ -698,7 +703,7 @@ def run_sweep(
         batch = _short_batch(endpoint, level, config)
         rows.append({**batch.metrics(), "output_tokens": config.output_tokens,
                      "client_cpu_s": round(batch.client_cpu_s, 4), "other_requests_at_start": batch.other_requests_at_start,
-                     "errors": "; ".join(batch.errors())})
+                     "client_load_average": batch.load_average, "errors": "; ".join(batch.errors())})
     return _frame(rows)
 
 
