@@ -96,8 +96,14 @@ def roofline_figure(rows: list[RooflineRow], recipe: Recipe, facts: HardwareFact
         every = [b * bandwidth / all_weight_bytes(recipe.model) for b in batches]
         axes.plot(batches, every, "--", color="#90a4ae", label="if every expert were read each step")
     axes.plot([r.batch for r in rows], [r.measured_tokens_per_s for r in rows], "o", color="#c62828", label="measured")
+    by_batch: dict[int, list[RooflineRow]] = {}
     for row in rows:
-        axes.annotate(f"{row.mbu:.0%}", (row.batch, row.measured_tokens_per_s), textcoords="offset points", xytext=(5, -10), fontsize=8)
+        by_batch.setdefault(row.batch, []).append(row)
+    for batch, group in by_batch.items():  # one MBU label per batch (single-stream and sweep@1 share batch 1)
+        low, high = min(r.mbu for r in group), max(r.mbu for r in group)
+        label = f"MBU {low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"MBU {low:.0%} to {high:.0%}"
+        top_rate = max(r.measured_tokens_per_s for r in group)
+        axes.annotate(label, (batch, top_rate), textcoords="offset points", xytext=(6, 4), fontsize=8)
     axes.set_yscale("log")
     axes.set_ylabel("decode tokens/s (aggregate)")
     _levels_axis(axes, batches)
