@@ -323,7 +323,7 @@ class _Body(httpx2.AsyncByteStream):
 class _Transport(httpx2.AsyncBaseTransport):
     """HTTP/1.1 over asyncio streams for a benchmark client: each request on its own connection (Connection: close),
     no compression, no timer per read (every request is bounded as a whole by its caller). The generic stack
-    (httpcore's h11 parser on anyio) costs about 2.5 times the CPU per streamed token; on the CPU recipe the client
+    (httpcore's h11 parser on anyio) costs about twice the CPU per streamed token; on the CPU recipe the client
     shares two cores with the server it measures."""
 
     def __init__(self, connect_timeout_s: float = 30.0) -> None:
