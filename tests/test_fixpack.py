@@ -12,9 +12,9 @@ from cookbook import fixpack
 from cookbook.errors import FixPackError
 from cookbook.recipes import load_recipe
 from fixpack_helpers import load_apply_all
+from shared_files import shared_file
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
 SEED_OPT_INS = {"gdn-prefix-cache", "fp8-moe-gather"}
 SEED_FIXES = {
     "sampling-rows-refresh", "structured-output-rows", "bad-words-index", "logitsprocs-rows", "async-discard-counter",
@@ -60,9 +60,7 @@ def test_metadata_is_complete(pack: fixpack.FixPack) -> None:
 
 
 def test_v026_pins_and_hashes_are_the_researched_ones(pack: fixpack.FixPack) -> None:
-    research = SHARED / "research" / "vllm-gaudi-v0.26.0.md"
-    if not research.exists():
-        pytest.skip("shared/research is not beside this checkout")
+    research = shared_file("research/vllm-gaudi-v0.26.0.md")
     hashes = dict((path, digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", research.read_text(),
                                                                  re.MULTILINE))
     assert len(hashes) == 13

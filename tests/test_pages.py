@@ -13,12 +13,8 @@ from cookbook.errors import ResultsError
 from cookbook.recipes import load_recipe
 from cookbook.results import CheckResult, Figure, Hardware, RunResults, write_results
 
-SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
-SEED_FILES = {
-    "Qwen/Qwen-AgentWorld-35B-A3B": "000_c9adc83f83a96933.txt",
-    "Qwen/Qwen3-Coder-Next": "002_d893177716e81e09.txt",
-    "Qwen/Qwen3.5-122B-A10B-FP8": "003_a4b5bef3ace35abf.txt",
-}
+from shared_files import SEED_FILES, seed_text
+
 # Each seed table starts at its header row (or, for the headerless at-a-glance table, at its first row).
 TABLES = {
     "glance": ("Model ", None),
@@ -74,7 +70,7 @@ def page_table(markdown: str, header: tuple[str, str] | None) -> list[str]:
 def test_seed_tables_row_for_row(recipe_id: str, table: str) -> None:
     recipe = load_recipe(recipe_id)
     markdown = pages.render_page(recipe, pages.default_results(recipe))
-    seed_lines = (SEEDS / SEED_FILES[recipe_id]).read_text().splitlines()
+    seed_lines = seed_text(recipe_id).splitlines()
     start, header = TABLES[table]
     expected = seed_table(seed_lines, start)
     assert page_table(markdown, header) == expected
@@ -86,7 +82,7 @@ def test_seed_notes_and_kv_pool(recipe_id: str) -> None:
     results = pages.default_results(recipe)
     assert results is not None and results.source == "published" and results.hardware.kind == "gaudi2"
     markdown = pages.render_page(recipe, results)
-    seed = norm((SEEDS / SEED_FILES[recipe_id]).read_text())
+    seed = norm(seed_text(recipe_id))
     kv_line = next(line for line in markdown.splitlines() if line.startswith("KV pool at start-up"))
     assert norm(kv_line) in seed
     for sentence in (results.verified_note, results.performance_note):

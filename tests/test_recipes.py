@@ -18,12 +18,8 @@ from cookbook.recipes import (
     serve_argv,
 )
 
-SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
-SEED_FILES = {
-    "Qwen/Qwen-AgentWorld-35B-A3B": "000_c9adc83f83a96933.txt",
-    "Qwen/Qwen3-Coder-Next": "002_d893177716e81e09.txt",
-    "Qwen/Qwen3.5-122B-A10B-FP8": "003_a4b5bef3ace35abf.txt",
-}
+from shared_files import SEED_FILES, seed_text
+
 CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -38,16 +34,9 @@ def seed_launch_block(text: str) -> str:
     return "\n".join(lines[start : end + 1]) + "\n"
 
 
-def seed_path(name: str) -> Path:
-    path = SEEDS / name
-    if not path.exists():
-        pytest.skip(f"seed {path} not available beside the checkout")
-    return path
-
-
 @pytest.mark.parametrize("recipe_id", sorted(SEED_FILES))
 def test_launch_block_is_byte_identical_to_the_seed(recipe_id: str) -> None:
-    expected = seed_launch_block(seed_path(SEED_FILES[recipe_id]).read_text())
+    expected = seed_launch_block(seed_text(recipe_id))
     assert render_launch_block(load_recipe(recipe_id)) == expected
 
 
