@@ -3,6 +3,11 @@
 # The environment lives in the cache folder (outside the checkout), keyed by Python version and
 # by the hash of pyproject.toml, so a fresh clone or a CI run reuses it. vLLM is never installed here.
 set -euo pipefail
+quiet() {  # run a pip step; show its output only if it fails
+  local log; log="$(mktemp)"
+  if ! "$@" >"$log" 2>&1; then grep -v "is ignored: it is neither" "$log" >&2; rm -f "$log"; return 1; fi
+  rm -f "$log"
+}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${COOKBOOK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gaudi-cookbook}"
 python="${COOKBOOK_PYTHON:-python3}"
@@ -14,13 +19,13 @@ if [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
   mkdir -p "$cache/envs"
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip 2> >(grep -v "is ignored: it is neither" >&2)
-  "$venv/bin/pip" install -q -e "$here[dev]" 2> >(grep -v "is ignored: it is neither" >&2)
+  quiet "$venv/bin/pip" install -q --upgrade pip
+  quiet "$venv/bin/pip" install -q -e "$here[dev]"
   echo "$here" > "$venv/.checkout"
   touch "$venv/.complete"
 elif [ "$(cat "$venv/.checkout" 2>/dev/null)" != "$here" ]; then
   # Same dependencies, another checkout (a fresh clone, CI): point the editable install here.
-  "$venv/bin/pip" install -q --no-deps -e "$here" 2> >(grep -v "is ignored: it is neither" >&2)
+  quiet "$venv/bin/pip" install -q --no-deps -e "$here"
   echo "$here" > "$venv/.checkout"
 fi
 export PATH="$venv/bin:$PATH"
