@@ -206,6 +206,7 @@ class _SSE:
 def _take_event(result: StreamResult, payload: bytes, at: float, state: dict[str, float]) -> bool:
     """Fold one event into the result; False at [DONE]. A token chunk carries text, a tool call or the finish."""
     if payload == b"[DONE]":
+        state["done"] = 1
         return False
     event = json.loads(payload)
     if event.get("error"):
@@ -280,6 +281,8 @@ async def _stream_one(client: Any, model: str, request: StreamRequest, temperatu
         result.usage_missing = True
         result.output_tokens = int(state["chunks"])
     result.e2e_s = state["last"] - state["sent"] if result.ttft_s is not None else None
+    if not result.error and result.ttft_s is not None and not state.get("done"):
+        result.error = "the stream ended before [DONE]"  # cut off: its tokens and times are not the whole answer
     result.ok = not result.error and result.ttft_s is not None
     if not result.ok and not result.error:
         result.error = "the stream ended before the first token"
@@ -302,7 +305,10 @@ class _Body(httpx2.AsyncByteStream):
         reader = self._reader
         if self._chunked:
             while True:
-                size = int((await reader.readline()).split(b";", 1)[0], 16)
+                line = await reader.readline()
+                if not line:
+                    raise httpx2.RemoteProtocolError("the server closed the connection inside a chunked body")
+                size = int(line.split(b";", 1)[0], 16)
                 if size == 0:
                     while (await reader.readline()).strip():  # trailers, up to the empty line
                         pass

@@ -309,6 +309,9 @@ class _FakeServer(BaseHTTPRequestHandler):
             self._send(b"data: " + _chunk(f" t{i}", finish=last) + b"\n\n", chunked)
         usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}
         self._send(b"data: " + json.dumps(usage).encode() + b"\n\n", chunked)
+        if "cut" in prompt:  # the server goes away before the end of the stream
+            self.close_connection = True
+            return
         self._send(b"data: [DONE]\n\n", chunked)
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
@@ -333,17 +336,21 @@ def test_a_failed_and_a_timed_out_request_are_counted_not_dropped(fake_server: E
         StreamRequest([{"role": "user", "content": "fail"}], 8, timeout_s=10),
         StreamRequest([{"role": "user", "content": "slow"}], 20, timeout_s=0.5),
         StreamRequest([{"role": "user", "content": "eof"}], 8, timeout_s=10),
+        StreamRequest([{"role": "user", "content": "eof cut"}], 8, timeout_s=10),
+        StreamRequest([{"role": "user", "content": "cut"}], 8, timeout_s=10),
     ]
     batch = run_batch(fake_server, requests)
-    good, failed, slow, eof = batch.results
+    good, failed, slow, eof, eof_cut, chunked_cut = batch.results
+    assert not eof_cut.ok and eof_cut.error == "the stream ended before [DONE]"
+    assert not chunked_cut.ok and "inside a chunked body" in chunked_cut.error
     assert good.ok and good.output_tokens == 8 and len(good.itl_s) == 7 and good.text.startswith(" t0")
     assert eof.ok and eof.output_tokens == 8 and eof.text == good.text
     assert not failed.ok and failed.error.startswith("HTTP 500")
     assert not slow.ok and slow.error == "no complete answer within 0.5 s"
-    assert batch.failed == 2 and batch.generated_tokens == 16
+    assert batch.failed == 4 and batch.generated_tokens == 16
     assert batch.other_requests_at_start is None  # this server has no /metrics
     figure = n_streams_figure(batch, 8, CPU)
-    assert figure.failed_requests == 2 and len(figure.details["errors"]) == 2
+    assert figure.failed_requests == 4 and len(figure.details["errors"]) == 4
 
 
 def test_a_server_that_is_down_stops_the_benchmark() -> None:
