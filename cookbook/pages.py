@@ -77,9 +77,16 @@ def verified_rows(results: RunResults) -> list[Row]:
     return rows
 
 
+# Figures that stand behind the table rather than in it (the run's report shows them).
+DETAIL_FIGURES = frozenset({"sweep"})
+
+
 def performance_rows(results: RunResults) -> list[Row]:
+    """The seeds' Performance rows; the concurrency sweep stays in the report, not on the page."""
     rows = []
     for figure in results.performance:
+        if figure.name in DETAIL_FIGURES:
+            continue
         text = figure.result
         if figure.failed_requests:
             text = f"{text} ({figure.failed_requests} failed requests)"

@@ -138,3 +138,16 @@ def test_page_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "KV pool at start-up: 3,800,136 tokens." in out.read_text()
     assert main(["page", "Qwen/Qwen3-Coder-Next", "--results", str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_the_sweep_stays_off_the_page() -> None:
+    results = RunResults(
+        recipe="r",
+        model="m",
+        hardware=Hardware(kind="cpu", description="2 vCPU"),
+        performance=[
+            Figure(name="single-stream", label="One stream, short prompt, 256 tokens", result="56.2 tokens/s"),
+            Figure(name="sweep", label="Concurrency sweep", result="57.9, 108.1 tokens/s aggregate at 1, 2 streams"),
+        ],
+    )
+    assert pages.performance_rows(results) == [("One stream, short prompt, 256 tokens", "56.2 tokens/s")]
