@@ -112,6 +112,17 @@ class RunResults(BaseModel):
     def all_ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
+    def check_summary(self) -> str:
+        """One line for a terminal: how the checks came out, naming the ones that did not meet the recipe."""
+        if not self.checks:
+            return "checks: none run"
+        counts: dict[str, int] = {}
+        for c in self.checks:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        line = "checks: " + ", ".join(f"{n} {status}" for status, n in counts.items())
+        bad = [c.name for c in self.checks if not c.ok]
+        return line + (f" (not met: {', '.join(bad)})" if bad else "")
+
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

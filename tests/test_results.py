@@ -52,3 +52,15 @@ def test_bad_results_files_give_one_line_errors(tmp_path: Path) -> None:
     bad.write_text('{"recipe": "r"}')
     with pytest.raises(ResultsError, match=r"bad.json: model: Field required"):
         read_results(bad)
+
+
+def test_check_summary_names_what_was_not_met() -> None:
+    results = _part(
+        checks=[
+            CheckResult(name="seed", label="seed", status="pass", result="ok"),
+            CheckResult(name="tool-call-auto", label="t", status="known limitation", result="0/5"),
+            CheckResult(name="needles", label="n", status="fail", result="2/3 at 4K"),
+        ]
+    )
+    assert results.check_summary() == "checks: 1 pass, 1 known limitation, 1 fail (not met: needles)"
+    assert _part().check_summary() == "checks: none run"

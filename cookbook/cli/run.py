@@ -11,6 +11,7 @@ import yaml
 from ..batch import BatchSummary, SkippedRecipe, run_all, run_recipe
 from ..errors import CookbookError
 from ..recipes import load_recipe
+from ..results import read_results
 
 _PARAM = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$", re.S)
 
@@ -46,7 +47,10 @@ def print_summary(summary: BatchSummary) -> None:
         print(line + (f"  {nb.error}" if nb.error else ""))
     if summary.secrets_masked:
         print(f"  masked secret values in: {', '.join(summary.secrets_masked)}")
-    verdict = "ok" if summary.ok else f"FAILED: {', '.join(summary.failed)}"
+    results_path = Path(summary.run_dir) / summary.results if summary.results else None
+    if results_path is not None and results_path.is_file():
+        print(f"  {read_results(results_path).check_summary()}")
+    verdict = "notebooks ok" if summary.ok else f"FAILED: {', '.join(summary.failed)}"
     print(f"{summary.recipe}: {verdict}; report: {Path(summary.run_dir) / summary.index}")
 
 
