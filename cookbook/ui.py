@@ -29,13 +29,14 @@ def recipe_picker(value: str) -> widgets.Dropdown:
                             layout=widgets.Layout(width="32em"))
 
 
-def tqdm_ticks(total: int, desc: str) -> tuple[Tick, Any]:
-    """A tick callback that advances a tqdm.auto bar by one, showing the item being worked on."""
+def tqdm_ticks(total: int | None, desc: str) -> tuple[Tick, Any]:
+    """A tick callback that advances a tqdm.auto bar by one, showing the item being worked on (a plain counter
+    when the number of steps is only known once the server answers)."""
     bar = tqdm(total=total, desc=desc)
 
     def tick(label: str) -> None:
         bar.set_postfix_str(label)
-        if bar.n < total:
+        if total is None or bar.n < total:
             bar.update(1)
 
     return tick, bar
@@ -44,7 +45,7 @@ def tqdm_ticks(total: int, desc: str) -> tuple[Tick, Any]:
 def step_panel(
     title: str,
     step: Callable[[str, str | None, Tick], Any],
-    total: Callable[[str], int],
+    total: Callable[[str], int | None],
     show: Callable[[Any], None],
     recipe: str,
     base_url: str | None = None,
@@ -173,8 +174,8 @@ def bench_panel(
         session.write_part("throughput", results)
         return results
 
-    def total(_recipe_id: str) -> int:
-        return len(chooser.value) + 1  # a warm-up, then each workload (the sweep and cold prompts tick per step)
+    def total(_recipe_id: str) -> None:
+        return None  # cold prompts and sweep levels depend on the server's context: count steps as they come
 
     def show(results: RunResults) -> None:
         display(report.figures_frame(results))
