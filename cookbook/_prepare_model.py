@@ -5,8 +5,9 @@ and transformers, which the cookbook's own environment never has). It imports no
 
     python _prepare_model.py smollm2-135m-instruct OUT_DIR --gguf FILE
     python _prepare_model.py tiny-qwen3-next OUT_DIR --tokenizer-from SMOLLM2_DIR
+    python _prepare_model.py tiny-qwen3-5 OUT_DIR --tokenizer-from SMOLLM2_DIR   (the fix pack's Qwen3.5 proof)
 
-Both are deterministic: the GGUF file is a pinned package's, the tiny hybrid's weights come from a fixed seed.
+All are deterministic: the GGUF file is a pinned package's, the tiny hybrids' weights come from a fixed seed.
 """
 from __future__ import annotations
 
@@ -38,6 +39,42 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+# The tiny hybrids' shared layout: three Gated DeltaNet layers and one attention layer, SmolLM2's vocabulary so its
+# tokenizer fits, untied embeddings (vLLM's hybrid loaders ignore tied ones: the output head would never load).
+HYBRID_LAYOUT = dict(
+    vocab_size=49152,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+
+def _save_tiny(model: "object", out: Path, tokenizer_from: Path) -> None:
+    import torch
+
+    model = model.to(torch.bfloat16)  # type: ignore[attr-defined]
+    model.save_pretrained(out, safe_serialization=True)  # type: ignore[attr-defined]
+    for name in TOKENIZER_FILES:
+        source = tokenizer_from / name
+        if source.exists():
+            shutil.copy2(source, out / name)
+    if not (out / "tokenizer.json").exists():
+        raise SystemExit(f"no tokenizer.json in {tokenizer_from}")
+
+
 def generate_tiny_qwen3_next(out: Path, tokenizer_from: Path, seed: int) -> None:
     """A 16M-parameter Qwen3-Next (Gated DeltaNet + attention + MoE) with seeded random weights."""
     import torch
@@ -45,41 +82,33 @@ def generate_tiny_qwen3_next(out: Path, tokenizer_from: Path, seed: int) -> None
 
     torch.manual_seed(seed)
     config = Qwen3NextConfig(
-        vocab_size=49152,
-        hidden_size=256,
-        intermediate_size=512,
+        **HYBRID_LAYOUT,
         moe_intermediate_size=256,
         shared_expert_intermediate_size=256,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
         num_experts=4,
         num_experts_per_tok=2,
-        max_position_embeddings=8192,
-        # vLLM's Qwen3-Next loader ignores tied embeddings: tied, the output head would never be loaded.
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
         torch_dtype="bfloat16",
     )
-    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        source = tokenizer_from / name
-        if source.exists():
-            shutil.copy2(source, out / name)
+    _save_tiny(Qwen3NextForCausalLM(config), out, tokenizer_from)
+
+
+def generate_tiny_qwen3_5(out: Path, tokenizer_from: Path, seed: int) -> None:
+    """A 28M-parameter Qwen3.5 text model (Qwen3_5ForCausalLM): the fix pack's proof that the architecture starts."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(**HYBRID_LAYOUT)
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(seed)
+    _save_tiny(Qwen3_5ForCausalLM(config), out, tokenizer_from)
+
+
+GENERATORS = {"tiny-qwen3-next": generate_tiny_qwen3_next, "tiny-qwen3-5": generate_tiny_qwen3_5}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["smollm2-135m-instruct", "tiny-qwen3-next"])
+    parser.add_argument("kind", choices=["smollm2-135m-instruct", *GENERATORS])
     parser.add_argument("out", type=Path)
     parser.add_argument("--gguf", type=Path)
     parser.add_argument("--tokenizer-from", type=Path)
@@ -92,8 +121,8 @@ def main(argv: list[str]) -> int:
         convert_gguf(args.gguf, args.out)
     else:
         if args.tokenizer_from is None:
-            parser.error("--tokenizer-from is required for tiny-qwen3-next")
-        generate_tiny_qwen3_next(args.out, args.tokenizer_from, args.seed)
+            parser.error(f"--tokenizer-from is required for {args.kind}")
+        GENERATORS[args.kind](args.out, args.tokenizer_from, args.seed)
     return 0
 
 

@@ -742,7 +742,9 @@ def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path) -> None:
     env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1")
     assert subprocess.run([py, str(APPLY_ALL), "--profile", "cpu-0.32.0"], env=env).returncode == 0
     model = tmp_path / "tiny-qwen3_5"
-    made = subprocess.run([py, str(APPLY_ALL.parent / "tools" / "make_tiny_qwen3_5.py"), str(model),
+    from cookbook.models import PREPARE_SCRIPT
+
+    made = subprocess.run([py, "-I", str(PREPARE_SCRIPT), "tiny-qwen3-5", str(model),
                            "--tokenizer-from", str(tokenizer)], capture_output=True, text=True, env=env, timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
     port = free_port()
