@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from .checks.registry import CheckContext, RunStart, run_hardware, snapshot_server
+from .checks.registry import CheckContext, RunStart, snapshot_server
 from .endpoint import Endpoint
 from .errors import CookbookError
 from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
 from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
-from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, write_results
+from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, run_hardware, write_results
 from .secrets import mask, secret_values
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def open_session(
         server.start()
         atexit.register(server.stop)
         endpoint = server.endpoint
-    measured_on = parse_hardware(hardware) or run_hardware(CheckContext(endpoint, recipe))
+    measured_on = run_hardware(parse_hardware(hardware), recipe, endpoint.base_url)
     return Session(recipe, endpoint, folder, measured_on, server)
 
 

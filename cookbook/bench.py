@@ -31,12 +31,11 @@ import httpx2  # the openai client's HTTP library (a dependency of openai)
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import haystack
-from .checks.registry import CheckContext, run_hardware
 from .endpoint import Endpoint, metric_value
 from .errors import CookbookError, ServerDown, ServerError
 from .pages import performance_rows
 from .recipes import Recipe
-from .results import Figure, Hardware, RunResults, now
+from .results import Figure, Hardware, RunResults, now, run_hardware
 from .roofline import RooflineRow, roofline_rows, verdict
 
 if TYPE_CHECKING:
@@ -739,7 +738,7 @@ def sweep_figure(frame: "pd.DataFrame", hardware: Hardware) -> Figure:
 
 
 def _hardware(endpoint: Endpoint, recipe: Recipe | None, hardware: Hardware | None) -> Hardware:
-    return hardware or run_hardware(CheckContext(endpoint, recipe))
+    return run_hardware(hardware, recipe, endpoint.base_url)
 
 
 def run_performance_table(

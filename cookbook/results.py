@@ -134,6 +134,17 @@ def this_machine() -> Hardware:
     return Hardware(kind="cpu", description=f"{cores} vCPU {platform.machine()} (vLLM CPU build)")
 
 
+def run_hardware(stated: Hardware | None, recipe: Any, base_url: str) -> Hardware:
+    """Which hardware produced a run's figures: what the caller stated, this machine for the CPU recipes, else
+    'unknown'. A Gaudi recipe's declared hardware is never assumed: a result must not claim a card it did not
+    run on. (`recipe` is a cookbook.recipes.Recipe or None.)"""
+    if stated is not None:
+        return stated
+    if recipe is not None and recipe.hardware.kind == "cpu":
+        return this_machine()
+    return Hardware(kind="unknown", description=f"not stated (server at {base_url})")
+
+
 def write_results(results: RunResults, path: Path) -> Path:
     """Write atomically: a reader never sees a half-written results file."""
     path = Path(path)

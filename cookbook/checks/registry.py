@@ -10,7 +10,7 @@ from typing import Any, Callable
 from ..endpoint import Endpoint, kv_pool_from_metrics, metric_value
 from ..errors import CookbookError, ServerDown
 from ..recipes import Recipe
-from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, this_machine
+from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, run_hardware
 
 
 @dataclass(frozen=True)
@@ -126,16 +126,6 @@ def selected_checks(names: list[str] | None, recipe: Recipe | None) -> list[Chec
     return [s for s in CHECKS.values() if s.group == "core"]
 
 
-def run_hardware(ctx: CheckContext) -> Hardware:
-    """Which hardware produced the figures: said by the caller, known for the CPU recipes, else 'unknown'.
-    A Gaudi recipe's declared hardware is never assumed: a result must not claim a card it did not run on."""
-    if ctx.hardware is not None:
-        return ctx.hardware
-    if ctx.recipe is not None and ctx.recipe.hardware.kind == "cpu":
-        return this_machine()
-    return Hardware(kind="unknown", description=f"not stated (server at {ctx.endpoint.base_url})")
-
-
 def run_checks(
     ctx: CheckContext, names: list[str] | None = None, progress: Callable[[str], None] | None = None
 ) -> RunResults:
@@ -150,7 +140,7 @@ def run_checks(
     results = RunResults(
         recipe=recipe.id if recipe else "(none)",
         model=ctx.endpoint.model,
-        hardware=run_hardware(ctx),
+        hardware=run_hardware(ctx.hardware, ctx.recipe, ctx.endpoint.base_url),
         image=recipe.image.label.replace("`", "") if recipe else "",
         started_at=now(),
         kv_pool_tokens=ctx.run_start.kv_pool_tokens,
