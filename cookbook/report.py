@@ -57,11 +57,11 @@ def figures_frame(results: RunResults) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=["Test", "Result", "Measured as"])
 
 
-STATUS_COLOURS = {"pass": "#2e7d32", "known limitation": "#f9a825", "skipped": "#9e9e9e"}
+STATUS_COLOURS = {"pass": "#2e7d32", "known limitation": "#f9a825", "skipped": "#9e9e9e", "inconclusive": "#6a8caf"}
 
 
 def checks_figure(results: RunResults) -> "Figure":
-    """Time per check, coloured by status (green pass, amber known limitation, grey skipped, red otherwise)."""
+    """Time per check, coloured by status (green pass, amber known limitation, grey skipped, blue inconclusive, red otherwise)."""
     from matplotlib.figure import Figure
 
     checks = list(reversed(results.checks))

@@ -21,9 +21,10 @@ from .errors import ResultsError
 
 SCHEMA_VERSION = 1
 
-Status = Literal["pass", "fail", "error", "not run", "known limitation", "skipped"]
-# Statuses that do not make `cookbook verify` exit non-zero.
-ACCEPTED_STATUSES = frozenset({"pass", "known limitation", "skipped"})
+Status = Literal["pass", "fail", "error", "not run", "known limitation", "skipped", "inconclusive"]
+# Statuses that do not make `cookbook verify` exit non-zero. "inconclusive" is among them: the check could not bring
+# the engine into the state it exists for (it says why), so it proved nothing either way; it is never shown as a pass.
+ACCEPTED_STATUSES = frozenset({"pass", "known limitation", "skipped", "inconclusive"})
 
 
 class Evidence(BaseModel):
@@ -121,7 +122,12 @@ class RunResults(BaseModel):
             counts[c.status] = counts.get(c.status, 0) + 1
         line = "checks: " + ", ".join(f"{n} {status}" for status, n in counts.items())
         bad = [c.name for c in self.checks if not c.ok]
-        return line + (f" (not met: {', '.join(bad)})" if bad else "")
+        unsure = [c.name for c in self.checks if c.status == "inconclusive"]
+        return (
+            line
+            + (f" (not met: {', '.join(bad)})" if bad else "")
+            + (f" (inconclusive: {', '.join(unsure)})" if unsure else "")
+        )
 
 
 def now() -> str:

@@ -21,13 +21,12 @@ if [ ! -f "$venv/.complete" ]; then
   "$python" -m venv "$venv"
   quiet "$venv/bin/pip" install -q --upgrade pip
   quiet "$venv/bin/pip" install -q -e "$here[dev]"
-  echo "$here" > "$venv/.checkout"
   touch "$venv/.complete"
-elif [ "$(cat "$venv/.checkout" 2>/dev/null)" != "$here" ]; then
-  # Same dependencies, another checkout (a fresh clone, CI): point the editable install here.
-  quiet "$venv/bin/pip" install -q --no-deps -e "$here"
-  echo "$here" > "$venv/.checkout"
 fi
+# Several checkouts may share this environment (a developer's tree and a fresh clone's tests at once): each one
+# imports its own code because its folder comes first on the path. The editable install only provides the
+# `cookbook` command and the dependencies; it is never re-pointed.
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$venv/bin:$PATH"
 export COOKBOOK_CACHE="$cache"
 export HF_HUB_OFFLINE=1

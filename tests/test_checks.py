@@ -254,3 +254,26 @@ def test_server_killed_mid_run(cpu_server: Endpoint, cpu_recipe: Recipe) -> None
     assert statuses[1:] == ["not run"] * (len(CORE) - 1)
     assert all(c.result == "not run: server down" for c in results.checks[1:])
     assert elapsed < 60
+
+
+def test_an_inconclusive_check_is_neither_pass_nor_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cookbook.checks import CheckInconclusive, CheckOutcome, registry
+
+    def cannot_reach(_ctx: CheckContext) -> CheckOutcome:
+        raise CheckInconclusive("the KV pool holds the whole offered load, so nothing was preempted")
+
+    def said_why(_ctx: CheckContext) -> CheckOutcome:
+        return CheckOutcome(True, "", inconclusive="no second request shared the step")
+
+    monkeypatch.setattr(registry, "snapshot_server", lambda _endpoint: RunStart(healthy=True))
+    monkeypatch.setattr(Endpoint, "healthy", lambda _self: True)
+    for name, fn in (("t-unreached", cannot_reach), ("t-said-why", said_why)):
+        monkeypatch.setitem(CHECKS, name, registry.CheckSpec(name, name, fn, "t-group", registry._always))
+    results = run_checks(_ctx("http://127.0.0.1:9", "m", None), ["t-group"])
+    unreached, said = results.checks
+    assert (unreached.status, said.status) == ("inconclusive", "inconclusive")
+    assert unreached.result == "inconclusive: the KV pool holds the whole offered load, so nothing was preempted"
+    assert said.result == "inconclusive: no second request shared the step"  # `passed=True` is ignored
+    assert unreached.ok and results.all_ok  # never a fail: verify exits 0 ...
+    assert "pass" not in results.check_summary()  # ... and never counted as a pass
+    assert results.check_summary().endswith("(inconclusive: t-unreached, t-said-why)")

@@ -33,6 +33,17 @@ def snapshot_server(endpoint: Endpoint) -> RunStart:
     return RunStart(True, metric_value(metrics, "process_start_time_seconds"), kv_pool_from_metrics(metrics))
 
 
+class CheckInconclusive(CookbookError):
+    """Raised inside a check that could not bring the engine into the state it exists for: never a pass, never a
+    fail; `why` says what was missing (e.g. the server could not be made to preempt)."""
+
+    def __init__(self, why: str, evidence: list[Evidence] | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.evidence = evidence or []
+        self.details = details or {}
+
+
 class CheckFailed(CookbookError):
     """Raised inside a check to end it as a fail with evidence, e.g. when the server answers HTTP 500."""
 
@@ -74,6 +85,7 @@ class CheckOutcome:
     evidence: list[Evidence] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     label: str | None = None  # overrides the registered label when it depends on parameters
+    inconclusive: str | None = None  # why the check proved nothing either way; `passed` is then ignored
 
 
 CheckFn = Callable[[CheckContext], CheckOutcome]
@@ -162,7 +174,10 @@ def run_checks(
         status: Status
         try:
             outcome = spec.fn(ctx)
-            status = "pass" if outcome.passed else "fail"
+            status = "inconclusive" if outcome.inconclusive else "pass" if outcome.passed else "fail"
+        except CheckInconclusive as exc:
+            outcome = CheckOutcome(False, "", exc.evidence, exc.details, inconclusive=exc.why)
+            status = "inconclusive"
         except CheckFailed as exc:
             outcome = CheckOutcome(False, exc.result, exc.evidence)
             status = "fail"
@@ -187,6 +202,10 @@ def run_checks(
         limitation = recipe.verification.known_limitations.get(spec.name) if recipe else None
         result_text = outcome.result
         evidence = list(outcome.evidence)
+        if status == "inconclusive":
+            why = outcome.inconclusive or "no reason given"
+            result_text = result_text if result_text.startswith("inconclusive") else f"inconclusive: {why}"
+            evidence.insert(0, Evidence(note=f"inconclusive: {why}"))
         if limitation and status == "fail":
             status = "known limitation"
             result_text = f"{outcome.result} (known limitation of this model)"
