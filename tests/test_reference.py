@@ -1,0 +1,279 @@
+"""The numerics oracle without a server: judging flips, the top-k divergence, layout facts, golden files, the
+comparison of one prompt, and a seed recipe with no reference ("not run", never a pass)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cookbook.checks import CHECKS, CheckContext, selected_checks
+from cookbook.checks.oracle import (
+    DEFAULT_TOLERANCES,
+    LABEL,
+    _outcome,
+    compare_prompt,
+    oracle,
+    tolerance_for,
+    topk_divergence,
+)
+from cookbook.checks.registry import CheckSkipped
+from cookbook.endpoint import Endpoint
+from cookbook.errors import CookbookError
+from cookbook.faults_oracle import ShiftedPromptLogprobs, SwappedGreedyToken
+from cookbook.faultproxy import Exchange
+from cookbook.recipes import OracleTolerance, load_recipe
+from cookbook.reference import (
+    NO_REFERENCE,
+    GoldenReference,
+    Layout,
+    OraclePrompt,
+    RefPosition,
+    RefScore,
+    Served,
+    build_prompts,
+    golden_path,
+    judge_divergence,
+    recorded_positions,
+    reference_for,
+    sliding_windows,
+)
+
+CPU_RECIPES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "cookbook/tiny-qwen3-next"]
+SEEDS = ["Qwen/Qwen3-Coder-Next", "Qwen/Qwen-AgentWorld-35B-A3B", "Qwen/Qwen3.5-122B-A10B-FP8"]
+TOL = DEFAULT_TOLERANCES["bf16"]
+
+
+# -- judging a flip ---------------------------------------------------------------------------------------------------
+
+
+def test_a_flip_between_near_tied_tokens_is_a_tie_with_its_margin() -> None:
+    ref = RefPosition(7, -1.00, {7: -1.00, 9: -1.05, 3: -2.5})
+    verdict = judge_divergence(ref, 7, 9, tolerance=0.5)
+    assert verdict.verdict == "tie" and verdict.margin == pytest.approx(0.05)
+    assert "0.050 apart" in verdict.note and not verdict.failed
+
+
+def test_a_flip_to_a_token_ranked_clearly_lower_fails() -> None:
+    ref = RefPosition(7, -0.2, {7: -0.2, 9: -2.0, 3: -2.5})
+    verdict = judge_divergence(ref, 7, 3, tolerance=0.5)
+    assert verdict.failed and verdict.margin == pytest.approx(2.3)
+    assert "ranked 2.300 below" in verdict.note
+
+
+def test_a_flip_outside_the_reference_top_k_fails_unless_the_floor_is_within_tolerance() -> None:
+    clear = RefPosition(7, -0.1, {7: -0.1, 9: -3.0})
+    assert judge_divergence(clear, 7, 42, 0.5).failed
+    flat = RefPosition(7, -9.40, {7: -9.40, 9: -9.45})  # a random-weight model: everything is a near-tie
+    verdict = judge_divergence(flat, 7, 42, 0.5)
+    assert verdict.verdict == "tie" and verdict.margin is None
+
+
+def test_same_token_is_no_divergence() -> None:
+    assert judge_divergence(RefPosition(1, -0.1, {1: -0.1}), 1, 1, 0.5).verdict == "same"
+
+
+# -- measures ---------------------------------------------------------------------------------------------------------
+
+
+def test_topk_divergence_is_zero_for_equal_lists_and_grows_with_the_gap() -> None:
+    top = {1: -0.1, 2: -2.5, 3: -4.0}
+    assert topk_divergence(top, dict(top)) == 0.0
+    small = topk_divergence(top, {1: -0.12, 2: -2.45, 3: -4.0})
+    large = topk_divergence(top, {2: -0.1, 1: -2.5, 3: -4.0})
+    assert 0 < small < 0.05 < large <= 1.0
+
+
+def test_sliding_windows_come_from_the_config_only_when_a_layer_slides() -> None:
+    assert sliding_windows({"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}) == (512,)
+    assert sliding_windows({"sliding_window": 4096, "layer_types": ["full_attention"] * 2}) == ()
+    assert sliding_windows({"sliding_window": 4096, "use_sliding_window": False}) == ()
+    assert sliding_windows({"sliding_window": 4096}) == (4096,)  # Mistral-style: every layer slides
+    assert sliding_windows({"text_config": {"sliding_window": 1024, "layer_types": ["sliding_attention"]}}) == (1024,)
+    assert sliding_windows({"sliding_window": None}) == ()
+    assert sliding_windows(None) == ()
+
+
+def test_recorded_positions_keep_short_prompts_whole_and_long_ones_in_the_hundreds() -> None:
+    assert recorded_positions(10) == list(range(1, 10))
+    kept = recorded_positions(8168)
+    assert len(kept) < 600 and kept[:64] == list(range(1, 65)) and kept[-1] == 8167
+
+
+def _tokenize(text: str) -> list[int]:
+    """A stand-in tokenizer: one token per character (enough to build a prompt set of exact lengths)."""
+    return [ord(c) % 500 + 3 for c in text]
+
+
+def test_the_prompt_set_follows_block_size_windows_and_context() -> None:
+    layout = Layout(block_size=128, windows=(512,), max_model_len=4096, block_size_from="metrics", windows_from="config")
+    prompts, notes = build_prompts(_tokenize, layout, max_new_tokens=16)
+    kinds = [(p.kind, len(p.prompt_ids)) for p in prompts]
+    assert [k for k, _ in kinds] == ["short", "short", "short", "blocks", "window", "long"]
+    assert dict(kinds[3:]) == {"blocks": 3 * 128 + 64, "window": 2 * 512 + 64, "long": 4096 - 16}
+    assert not notes
+    prompts, notes = build_prompts(_tokenize, Layout(None, (8000,), 4096), max_new_tokens=16)
+    assert [p.kind for p in prompts] == ["short", "short", "short", "long"]
+    assert any("no block size" in n for n in notes) and any("8000" in n for n in notes)
+
+
+# -- comparing one prompt -------------------------------------------------------------------------------------------
+
+
+def _served(prompt: list[int], ref: RefScore, shift: float = 0.0, swap_at: int | None = None) -> Served:
+    tokens = list(ref.greedy_ids)
+    logprobs = [g.logprob for g in ref.greedy]
+    if swap_at is not None:
+        worst = min(ref.greedy[swap_at].top.items(), key=lambda kv: kv[1])
+        tokens[swap_at], logprobs[swap_at] = worst
+    return Served(
+        tokens=tokens,
+        logprobs=logprobs,
+        top=[dict(g.top) for g in ref.greedy],
+        prompt_logprobs=[None] + [p.logprob + shift for p in ref.prompt[1:] if p],
+        prompt_top=[{}] + [{t: v + shift for t, v in p.top.items()} for p in ref.prompt[1:] if p],
+        prompt_rank1=[None] + [p.argmax for p in ref.prompt[1:] if p],
+        seconds=0.1,
+        body={},
+    )
+
+
+def _ref(prompt: list[int], steps: int = 4) -> RefScore:
+    positions = [None] + [RefPosition(t, -1.0, {t: -1.0, t + 1: -2.0, t + 2: -3.5}) for t in prompt[1:]]
+    greedy = [RefPosition(100 + s, -0.5, {100 + s: -0.5, 200: -2.0, 300: -4.0}) for s in range(steps)]
+    return RefScore("test", positions, greedy)
+
+
+class _NoScore:
+    source = "test"
+
+    def can_score(self, prompt_ids: list[int]) -> bool:
+        return False
+
+    def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5) -> RefScore:
+        raise AssertionError("not called")
+
+
+def _compare(shift: float = 0.0, swap_at: int | None = None):  # type: ignore[no-untyped-def]
+    prompt = OraclePrompt("short", "test", [5, 6, 7, 8, 9])
+    ref = _ref(prompt.prompt_ids)
+    comparison = compare_prompt(prompt, _served(prompt.prompt_ids, ref, shift, swap_at), ref, TOL, _NoScore())
+    layout = Layout(128, (), 8192)
+    return _outcome([comparison], TOL, "test tolerances", "golden file test", layout, [], 3)
+
+
+def test_identical_logprobs_pass_with_full_agreement() -> None:
+    outcome = _compare()
+    assert outcome.passed, outcome.result
+    assert outcome.result.startswith("top-1 agreement 4/4") and "greedy 4/4 tokens" in outcome.result
+    assert outcome.details["max_abs_delta"] == 0.0
+
+
+def test_shifted_prompt_logprobs_fail_naming_the_positions() -> None:
+    outcome = _compare(shift=1.2)
+    assert not outcome.passed
+    assert "max |delta logprob| 1.200 > 0.6" in outcome.result
+    assert "4 of 4 positions off by more than 0.6, the first at position 1" in outcome.evidence[0].note
+
+
+def test_a_greedy_token_the_reference_ranks_clearly_lower_fails() -> None:
+    outcome = _compare(swap_at=2)
+    assert not outcome.passed
+    assert "greedy continuation departs from the reference" in outcome.result
+    assert any("ranked 3.500 below" in e.note for e in outcome.evidence)
+
+
+# -- the faults rewrite what they should ----------------------------------------------------------------------------
+
+
+def _completion_exchange() -> Exchange:
+    return Exchange(1, "POST", "/v1/completions", {}, lambda: 1, status=200)
+
+
+def test_the_shifted_logprobs_fault_moves_positions_from_its_start_on() -> None:
+    body = {"choices": [{"prompt_logprobs": [None] + [{"5": {"logprob": -1.0, "rank": 1}} for _ in range(9)]}]}
+    out = ShiftedPromptLogprobs(delta=1.0, start=4, every=2).response(_completion_exchange(), body)
+    values = [e["5"]["logprob"] if e else None for e in out["choices"][0]["prompt_logprobs"]]
+    assert values == [None, -1.0, -1.0, -1.0, -2.0, -1.0, -2.0, -1.0, -2.0, -1.0]
+
+
+def test_the_swapped_token_fault_picks_the_lowest_of_the_top_k() -> None:
+    body = {"choices": [{"logprobs": {
+        "tokens": ["token_id:1", "token_id:2", "token_id:3"], "token_logprobs": [-0.1, -0.2, -0.3],
+        "top_logprobs": [{}, {}, {"token_id:3": -0.3, "token_id:9": -4.0, "token_id:8": -2.0}],
+    }}]}
+    out = SwappedGreedyToken(step=2).response(_completion_exchange(), body)
+    lp = out["choices"][0]["logprobs"]
+    assert lp["tokens"][2] == "token_id:9" and lp["token_logprobs"][2] == -4.0
+
+
+# -- recipes, golden files, which reference ---------------------------------------------------------------------------
+
+
+def test_the_oracle_is_registered_in_a_group_of_its_own_before_server_health() -> None:
+    assert CHECKS["oracle"].group == "oracle" and CHECKS["oracle"].label == LABEL
+    assert "cookbook's own" in LABEL
+    assert list(CHECKS)[-1] == "server-health"
+    assert [s.name for s in selected_checks(["oracle"], None)] == ["oracle"]
+
+
+@pytest.mark.parametrize("recipe_id", SEEDS)
+def test_a_seed_recipe_without_a_golden_file_is_not_run_never_a_pass(recipe_id: str) -> None:
+    recipe = load_recipe(recipe_id)
+    assert not golden_path(recipe).exists()
+    ctx = CheckContext(Endpoint("http://127.0.0.1:9", recipe.served_model_name), recipe)
+    reference, why = reference_for(ctx)
+    assert reference is None and why == NO_REFERENCE
+    with pytest.raises(CheckSkipped, match=f"^not run: {NO_REFERENCE}$"):
+        oracle(ctx)
+
+
+@pytest.mark.parametrize("recipe_id", CPU_RECIPES)
+def test_each_cpu_recipe_has_a_small_golden_file_used_by_default(recipe_id: str) -> None:
+    recipe = load_recipe(recipe_id)
+    path = golden_path(recipe)
+    assert path.exists(), f"{path}: record it with `cookbook reference record {recipe_id}`"
+    assert path.stat().st_size < 400_000
+    golden = GoldenReference.load(path)
+    produced = golden.produced
+    for key in ("source", "at", "machine", "image"):
+        assert produced.get(key), f"{path}: produced.{key} missing"
+    assert "fp32" in produced["source"] and "transformers" in produced["source"]
+    kinds = {p.kind for p in golden.prompts}
+    assert {"short", "blocks", "long"} <= kinds
+    block = golden.data["layout"]["block_size"]
+    assert any(len(p.prompt_ids) > 3 * block for p in golden.prompts if p.kind == "blocks")
+    long = next(p for p in golden.prompts if p.kind == "long")
+    assert len(long.prompt_ids) >= recipe.max_model_len * 0.9
+    ctx = CheckContext(Endpoint("http://127.0.0.1:9", recipe.served_model_name), recipe)
+    reference, source = reference_for(ctx)
+    assert isinstance(reference, GoldenReference) and source.startswith("golden file")
+    first = golden.prompts[0]
+    score = reference.score(first.prompt_ids, 4)
+    assert score.prompt[0] is None and len(score.prompt) == len(first.prompt_ids) and len(score.greedy) == 4
+    assert not reference.can_score(first.prompt_ids + [1])
+
+
+def test_a_broken_golden_file_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "golden.json"
+    bad.write_text("{not json")
+    with pytest.raises(CookbookError, match="golden.json: not valid JSON"):
+        GoldenReference.load(bad)
+    bad.write_text(json.dumps({"format": 1, "prompts": [{"prompt_ids": [1, 2], "positions": [1], "prompt": []}]}))
+    with pytest.raises(CookbookError, match=r"golden.json: prompts.0: "):
+        GoldenReference.load(bad)
+
+
+def test_tolerances_come_from_the_recipe_for_its_dtype() -> None:
+    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    tol, where = tolerance_for(CheckContext(Endpoint("http://127.0.0.1:9", "m"), recipe))
+    assert isinstance(tol, OracleTolerance) and where == "the recipe's bf16 tolerances"
+    assert tol.measured, "the recipe says what its tolerances were measured on"
+
+
+def test_the_recipe_schema_rejects_a_golden_path_outside_the_folder(tmp_path: Path) -> None:
+    from cookbook.recipes import OracleExpectation
+
+    with pytest.raises(ValueError, match="inside the recipe's folder"):
+        OracleExpectation(golden="../other/golden.json")
+    assert OracleExpectation(golden="reference/gaudi2.json").golden == "reference/gaudi2.json"

