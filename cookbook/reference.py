@@ -802,6 +802,9 @@ def record_golden(
             }
         )
     info = dict(getattr(reference, "info", {}) or {})
+    checkpoint = getattr(reference, "checkpoint", None)
+    if checkpoint is not None:
+        info["weights"] = checkpoint_facts(Path(checkpoint))
     data = {
         "format": GOLDEN_FORMAT,
         "recipe": recipe.id,
@@ -867,6 +870,23 @@ def record(
     with ComputedReference(checkpoint, image, recipe.model.id) as computed:
         tokenize = layout_endpoint.tokenize if layout_endpoint is not None else computed.tokenize
         return record_golden(recipe, computed, tokenize, layout, out, progress=progress)
+
+
+def checkpoint_facts(folder: Path) -> dict[str, Any]:
+    """What the weights were: the cookbook's manifest (source and sha256 of every file), so a golden file names
+    the exact checkpoint it was computed on."""
+    from .models import MANIFEST
+
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {"folder": folder.name, "manifest": "none"}
+    files = manifest.get("files") or {}
+    return {
+        "name": manifest.get("name"),
+        "source": manifest.get("source"),
+        "sha256": {k: v for k, v in files.items() if k.endswith((".safetensors", "config.json", "tokenizer.json"))},
+    }
 
 
 def record_layout(recipe: "Recipe", endpoint: Endpoint | None) -> Layout:
