@@ -277,3 +277,16 @@ def test_the_recipe_schema_rejects_a_golden_path_outside_the_folder(tmp_path: Pa
     with pytest.raises(ValueError, match="inside the recipe's folder"):
         OracleExpectation(golden="../other/golden.json")
     assert OracleExpectation(golden="reference/gaudi2.json").golden == "reference/gaudi2.json"
+
+
+def test_a_run_page_shows_the_oracle_row_labelled_as_the_cookbook_s_own() -> None:
+    from cookbook.pages import render_page
+    from cookbook.results import CheckResult, Hardware, RunResults
+
+    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    results = RunResults(
+        recipe=recipe.id, model=recipe.served_model_name, hardware=Hardware(kind="cpu", description="2 vCPU"),
+        checks=[CheckResult(name="oracle", label=LABEL, status="pass", result="top-1 agreement 10/10 (golden file)")],
+    )
+    page = render_page(recipe, results)
+    assert f"| {LABEL} | top-1 agreement 10/10 (golden file) |" in page
