@@ -577,9 +577,10 @@ class Layout:
     windows_from: str = ""
 
 
-def checkpoint_config(recipe: "Recipe | None") -> tuple[dict[str, Any] | None, str]:
-    """The served checkpoint's config.json (a CPU recipe's prepared weights), and where it came from."""
-    path = local_checkpoint(recipe)
+def checkpoint_config(recipe: "Recipe | None", checkpoint: Path | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The served checkpoint's config.json (`checkpoint`, else a CPU recipe's prepared weights), and where it came
+    from."""
+    path = checkpoint or local_checkpoint(recipe)
     if path is None:
         return None, "no local checkpoint for this recipe"
     config = path / "config.json"
@@ -665,8 +666,7 @@ def reference_for(ctx: "CheckContext") -> tuple[Reference | None, str]:
             return golden, golden.source
         if wanted == "golden":
             return None, f"{NO_REFERENCE} ({path.relative_to(recipe.folder)} not found)"
-    checkpoint = Path(str(ctx.params["reference_checkpoint"])) if ctx.params.get("reference_checkpoint") else None
-    checkpoint = checkpoint or local_checkpoint(recipe)
+    checkpoint = served_checkpoint(ctx)
     if checkpoint is None:
         return None, NO_REFERENCE
     image = _image_for(recipe)
@@ -674,6 +674,13 @@ def reference_for(ctx: "CheckContext") -> tuple[Reference | None, str]:
         return None, f"{NO_REFERENCE} (no image environment here to compute one in)"
     ref = computed_reference(checkpoint, image, recipe.model.id if recipe else None)
     return ref, ref.source
+
+
+def served_checkpoint(ctx: "CheckContext") -> Path | None:
+    """The checkpoint the server serves, when it is on this machine: `--param reference_checkpoint=PATH`, else a
+    CPU recipe's prepared weights."""
+    given = ctx.params.get("reference_checkpoint")
+    return Path(str(given)) if given else local_checkpoint(ctx.recipe)
 
 
 def _image_for(recipe: "Recipe | None") -> ImageEnv | None:

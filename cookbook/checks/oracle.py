@@ -30,9 +30,11 @@ from ..reference import (
     block_size_from_metrics,
     build_prompts,
     checkpoint_config,
+    checkpoint_facts,
     complete_with_logprobs,
     judge_divergence,
     reference_for,
+    served_checkpoint,
     sliding_windows,
 )
 from ..results import Evidence
@@ -214,7 +216,7 @@ def _after_tie(
 
 
 def _layout(ctx: CheckContext) -> Layout:
-    config, config_from = checkpoint_config(ctx.recipe)
+    config, config_from = checkpoint_config(ctx.recipe, served_checkpoint(ctx))
     block = block_size_from_metrics(ctx.endpoint)
     return Layout(
         block_size=block,
@@ -238,6 +240,13 @@ def _prompts(ctx: CheckContext, reference: Reference, layout: Layout, max_new: i
             prompts.append(OraclePrompt(g.kind, g.why, g.prompt_ids, g.text))  # type: ignore[arg-type]
         if layout.block_size and not any(len(p.prompt_ids) > 2 * layout.block_size for p in prompts):
             notes.append(f"no golden prompt crosses two of the server's {layout.block_size}-token blocks")
+        local = served_checkpoint(ctx)
+        recorded_weights = (reference.produced.get("forward") or {}).get("weights") or {}
+        if local is not None and recorded_weights.get("sha256"):
+            here = checkpoint_facts(local).get("sha256") or {}
+            changed = [f for f, h in recorded_weights["sha256"].items() if f in here and here[f] != h]
+            if changed:
+                notes.append(f"the golden file was recorded on other weights ({', '.join(changed)} differ): record it again")
         recorded = set(reference.data.get("layout", {}).get("windows") or [])
         for w in layout.windows:
             if w not in recorded and not any(len(p.prompt_ids) > w for p in prompts):
@@ -341,6 +350,7 @@ def _outcome(
         result = f"{'; '.join(problems)}: {summary} ({short_source})"
 
     evidence: list[Evidence] = [Evidence(note=f"reference: {source}"), Evidence(note=f"tolerances: {tol_from}")]
+    evidence += [Evidence(note=f"note: {n}") for n in notes if "other weights" in n]
     if problems:
         evidence.insert(0, Evidence(note=_symptom(comparisons, tol, layout, problems)))
         for c in comparisons:
