@@ -506,7 +506,10 @@ def _token_id(key: str) -> int:
 
 
 def completions_body(endpoint: Endpoint, prompt_ids: list[int], max_new_tokens: int, top_k: int) -> dict[str, Any]:
-    """Raw token ids in, so that served and reference see identical ids (no chat template in between)."""
+    """Raw token ids in, so that served and reference see identical ids (no chat template in between); a fresh
+    cache_salt, so every prompt is computed cold (a hit's numerics are the prefix-cache probe's business)."""
+    from .haystack import new_salt
+
     return {
         "model": endpoint.model,
         "prompt": list(prompt_ids),
@@ -517,6 +520,7 @@ def completions_body(endpoint: Endpoint, prompt_ids: list[int], max_new_tokens: 
         "ignore_eos": True,
         "return_tokens_as_token_ids": True,
         "skip_special_tokens": False,
+        "cache_salt": new_salt(),
     }
 
 

@@ -73,10 +73,12 @@ def test_computed_here_agrees_with_the_golden_file_on_the_short_prompts(cpu_serv
 
 
 def test_another_server_as_the_reference(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
-    """The same server as its own trusted reference: every chosen token agrees exactly."""
+    """The same server as its own trusted reference: both sides cold (fresh cache_salt), so they differ only by
+    batch-shape noise from other traffic (up to 0.16 measured on the shared dev server), inside the tolerances."""
     result = _oracle(cpu_server, cpu_recipe, reference=cpu_server.base_url, oracle_kinds=["short"])
     assert result.status == "pass", _said(result)
-    assert result.details["source"].startswith("another server: ") and result.details["max_abs_delta"] < 0.05
+    assert result.details["source"].startswith("another server: ")
+    assert result.details["top1_agreement"] == 1.0
 
 
 # -- faults of its class, through the proxy -------------------------------------------------------------------------
