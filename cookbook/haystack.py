@@ -23,6 +23,9 @@ from .errors import CookbookError, ServerDown, ServerError
 # enough for the 2-vCPU CPU server and for a Gaudi card compiling a new shape, still bounded).
 SECONDS_PER_PROMPT_TOKEN = 0.01
 _MAX_FIT_ROUNDS = 8
+# Alternatives returned per generated token: at the first token where a hit parts from its cold run, both runs'
+# top-k tell a flip on a near-tie from a wrong-state hit.
+TOP_K = 5
 
 # -- filler: deterministic prose with no digits -------------------------------------------------------------------
 
@@ -120,6 +123,11 @@ def make_needle(seed: int | str) -> Needle:
     """A needle the model cannot guess: a random key and a random seven-digit value, fixed by `seed`."""
     rng = random.Random(f"needle:{seed}")
     return Needle(key=rng.choice(_KEYS), value=str(rng.randint(1_000_000, 9_999_999)))
+
+
+def longest_frame_needle() -> Needle:
+    """The needle with the longest key and value: its frame bounds the shortest prompt any cell can have."""
+    return Needle(key=max(_KEYS, key=len), value="9" * 7)
 
 
 # -- token-exact haystacks -----------------------------------------------------------------------------------------
@@ -229,6 +237,9 @@ class Answer(BaseModel):
     reasoning: str = Field("", description="reasoning_content, for servers with a reasoning parser")
     tokens: list[str] = Field(default_factory=list, description="Generated tokens, from logprobs.content")
     logprobs: list[float] = Field(default_factory=list, description="The chosen token's logprob, token by token")
+    top: list[list[tuple[str, float]]] = Field(
+        default_factory=list, description="Per generated token, its top_logprobs as (token, logprob), best first"
+    )
     prompt_tokens: int | None = Field(None, description="usage.prompt_tokens")
     cached_tokens: int | None = Field(None, description="usage.prompt_tokens_details.cached_tokens; None if absent")
     finish_reason: str | None = None
@@ -253,6 +264,7 @@ def request_body(
     }
     if logprobs:
         body["logprobs"] = True
+        body["top_logprobs"] = TOP_K
     return body
 
 
@@ -283,12 +295,18 @@ def ask(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Answer:
         reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
         tokens=[str(item.get("token", "")) for item in content],
         logprobs=[float(item["logprob"]) for item in content],
+        top=[_top(item) for item in content],
         prompt_tokens=usage.get("prompt_tokens"),
         cached_tokens=details.get("cached_tokens"),
         finish_reason=choice.get("finish_reason"),
         seconds=round(seconds, 3),
         usage=usage,
     )
+
+
+def _top(item: dict[str, Any]) -> list[tuple[str, float]]:
+    pairs = [(str(t.get("token", "")), float(t["logprob"])) for t in item.get("top_logprobs") or [] if "logprob" in t]
+    return sorted(pairs, key=lambda pair: -pair[1])
 
 
 def body_excerpt(body: dict[str, Any], keep: int = 160) -> dict[str, Any]:
@@ -321,6 +339,75 @@ def fit_lengths(lengths: list[int], max_model_len: int, answer_tokens: int) -> l
 def server_max_model_len(endpoint: Endpoint) -> int:
     """The context the server was started with, as /tokenize reports it."""
     return int(_tokenize(endpoint, {"prompt": "", "add_special_tokens": False})["max_model_len"])
+
+
+class ServedModel(BaseModel):
+    """What the server under test says about the model it serves, for probes that must not assume one layout:
+    the context (/tokenize), the prefix cache's labels (/metrics `vllm:cache_config_info`) and, where the served
+    checkpoint is a folder this machine can read (/v1/models `root`), its config.json."""
+
+    max_model_len: int = Field(description="The context the server was started with")
+    cache_config: dict[str, str] = Field(default_factory=dict, description="vllm:cache_config_info labels")
+    sliding_windows: list[int] = Field(default_factory=list, description="Distinct attention windows, in tokens")
+    layer_types: list[str] = Field(default_factory=list, description="config.json layer_types, when it has them")
+    dtype: str | None = Field(None, description="config.json dtype (torch_dtype)")
+    config_source: str | None = Field(None, description="Where the config came from; None when unreadable here")
+
+    @property
+    def block_size(self) -> int | None:
+        value = self.cache_config.get("block_size", "")
+        return int(value) if value.isdigit() else None
+
+
+def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
+    """Sliding windows as transformers configs say them: `sliding_window` applies to the `sliding_attention`
+    entries of `layer_types` when there are some, to every layer when there are none (Mistral), and not at all
+    when `use_sliding_window` is false (Qwen2)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layer_types = [str(t) for t in text.get("layer_types") or []]
+    window = text.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
+        return [], layer_types
+    if layer_types and not any("sliding" in t for t in layer_types):
+        return [], layer_types
+    return [window], layer_types
+
+
+def served_model(endpoint: Endpoint, metrics: list[Any] | None = None) -> ServedModel:
+    """The served model's layout facts, from the server itself (and its config.json when it is readable here)."""
+    import json
+    from pathlib import Path
+
+    context = server_max_model_len(endpoint)
+    try:
+        metrics = endpoint.metrics() if metrics is None else metrics
+    except ServerDown:
+        raise
+    except CookbookError:  # no /metrics behind some proxies: the labels are simply unknown
+        metrics = []
+    cache = next((m.labels for m in metrics if m.name.startswith("vllm:cache_config_info")), {})
+    facts = ServedModel(max_model_len=context, cache_config=dict(cache))
+    label_window = cache.get("sliding_window", "")
+    if label_window.isdigit():
+        facts.sliding_windows = [int(label_window)]
+    try:
+        models = endpoint.http().get("/v1/models").json().get("data", [])
+    except (httpx.HTTPError, ValueError):
+        models = []
+    root = next((m.get("root") for m in models if m.get("id") == endpoint.model), None)
+    config_path = Path(str(root)) / "config.json" if root else None
+    if config_path is not None and config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            windows, facts.layer_types = _windows_from_config(config)
+            facts.sliding_windows = sorted(set(facts.sliding_windows) | set(windows))
+            dtype = config.get("dtype") or config.get("torch_dtype")
+            facts.dtype = str(dtype) if dtype else None
+            facts.config_source = str(config_path)
+    return facts
 
 
 def format_tokens(count: int) -> str:

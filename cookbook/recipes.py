@@ -105,7 +105,7 @@ class Fixes(_Strict):
 class PreparedWeights(_Strict):
     """Weights that the cookbook builds itself into its cache (CPU recipes), instead of a hub id."""
 
-    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next"]
+    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next", "tiny-gemma3"]
 
 
 class Serve(_Strict):
@@ -142,7 +142,10 @@ class PrefixCaching(_Strict):
 class PrefixCacheExpectation(_Strict):
     logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
     max_logprob_diff: float = Field(0.0, ge=0, description="Allowed max |hit - cold| when 'close'")
-    prompt_tokens: list[int] = Field(description="Prompt lengths in tokens, one prompt each")
+    prompt_tokens: list[int] | None = Field(
+        None, description="Prompt lengths in tokens, one prompt each; omitted: derived from the served context, "
+        "block size and sliding windows"
+    )
 
 
 class NeedleExpectation(_Strict):
