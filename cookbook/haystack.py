@@ -253,8 +253,14 @@ def new_salt() -> str:
 
 
 def request_body(
-    endpoint: Endpoint, messages: list[dict[str, str]], salt: str, max_tokens: int, logprobs: bool = True
+    endpoint: Endpoint,
+    messages: list[dict[str, str]],
+    salt: str,
+    max_tokens: int,
+    logprobs: bool = True,
+    token_ids: bool = False,
 ) -> dict[str, Any]:
+    """The probes' greedy request; `token_ids`: logprobs name tokens as 'token_id:N' (a reference scores ids)."""
     body: dict[str, Any] = {
         "model": endpoint.model,
         "messages": messages,
@@ -265,7 +271,21 @@ def request_body(
     if logprobs:
         body["logprobs"] = True
         body["top_logprobs"] = TOP_K
+        if token_ids:
+            body["return_tokens_as_token_ids"] = True
     return body
+
+
+def token_id(token: str | None) -> int | None:
+    """The id in a 'token_id:N' token (return_tokens_as_token_ids), else None."""
+    if token and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
+        return int(token[9:])
+    return None
+
+
+def chat_prompt_ids(endpoint: Endpoint, messages: list[dict[str, str]]) -> list[int]:
+    """The chat prompt's token ids as the server will see them (template and generation prompt included)."""
+    return [int(t) for t in _tokenize(endpoint, {"messages": messages, "add_generation_prompt": True})["tokens"]]
 
 
 def request_timeout(base_s: float, prompt_tokens: int) -> float:

@@ -198,6 +198,40 @@ def test_a_flip_to_a_token_the_cold_run_ranked_clearly_lower_fails() -> None:
     assert "not in the cold run's top 2" in report.problems[0] and "clearly lower" in report.problems[0]  # type: ignore[attr-defined]
 
 
+def test_with_a_reference_the_reference_judges_the_flip() -> None:
+    """The cold run alone would call this flip clearly lower; the reference (fp32) puts the tokens 0.1 apart."""
+    from cookbook.checks.prefix_cache import ReferenceVerdict, _judge
+    from cookbook.reference import RefPosition, judge_divergence
+
+    cold, later = _flipped([(" is", -0.05), (" was", -3.2)], [(" was", -0.4), (" is", -1.3)])
+    report = _prompt_with(cold, later)
+    ref = judge_divergence(RefPosition(token_id=7, logprob=-0.6, top={7: -0.6, 9: -0.7}), 7, 9, 0.5)
+    assert ref.verdict == "tie"
+    report.comparisons[0].divergence.reference = ReferenceVerdict(  # type: ignore[attr-defined, union-attr]
+        verdict=ref.verdict, margin=ref.margin, tolerance=0.5, note=ref.note, source="computed here (test)"
+    )
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    assert report.problems == []  # type: ignore[attr-defined]
+    [tie] = report.ties  # type: ignore[attr-defined]
+    assert "the reference (computed here (test))" in tie and "the reference's 0.1" in tie
+    wrong = judge_divergence(RefPosition(token_id=7, logprob=-0.1, top={7: -0.1, 9: -4.0}), 7, 9, 0.5)
+    report = _prompt_with(cold, later)
+    report.comparisons[0].divergence.reference = ReferenceVerdict(  # type: ignore[attr-defined, union-attr]
+        verdict=wrong.verdict, margin=wrong.margin, tolerance=0.5, note=wrong.note, source="golden file"
+    )
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    assert "clearly lower" in report.problems[0] and "golden file" in report.problems[0]  # type: ignore[attr-defined]
+
+
+def test_without_a_reference_the_verdict_says_so_and_why() -> None:
+    from cookbook.checks.prefix_cache import _judge
+
+    cold, later = _flipped([(" is", -0.70), (" was", -0.72)], [(" was", -0.69), (" is", -0.71)])
+    report = _prompt_with(cold, later)
+    _judge(report, "close", 0.15, None, "no reference recorded for this image")  # type: ignore[arg-type]
+    assert "no reference (no reference recorded for this image)" in report.ties[0]  # type: ignore[attr-defined]
+
+
 def test_a_new_salt_that_hits_names_the_server_ignoring_it() -> None:
     report = _report(CPU, "close", 0.15, [(1500, [0, 1408], 0.0, "4829173")])
     prompt = report.prompts[0]

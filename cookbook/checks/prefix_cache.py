@@ -13,7 +13,7 @@ cached amount (other clients may move it further), and, with caching off, that n
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
@@ -22,6 +22,8 @@ from ..errors import CookbookError, ServerDown
 from ..haystack import (
     TOP_K,
     Answer,
+    chat_prompt_ids,
+    token_id,
     ServedModel,
     ask,
     body_excerpt,
@@ -71,6 +73,19 @@ class CacheLayout(BaseModel):
         return (prompt_tokens - 1) // self.block_size * self.block_size
 
 
+class ReferenceVerdict(BaseModel):
+    """A reference forward pass's judgement of one flip (cookbook.reference.judge_divergence)."""
+
+    verdict: Literal["tie", "fail", "same"]
+    margin: float | None = Field(description="Reference logprob of the cold token minus the later one's")
+    tolerance: float = Field(description="The dtype's tie margin (the oracle's tolerances)")
+    note: str
+    source: str = Field(description="Which reference: computed here, a golden file, another server")
+
+
+Referee = Callable[[list[int], int, int], ReferenceVerdict | None]
+
+
 class Divergence(BaseModel):
     """The first generated token where a later answer parts from the cold one, with both runs' top-k there: a flip
     between two tokens the cold run itself had within the tolerance of each other is a tie, not a wrong state."""
@@ -90,11 +105,17 @@ class Divergence(BaseModel):
     verdict: Literal["tie", "clearly lower", "unjudged"] = "unjudged"
     tolerance: float | None = Field(None, description="Margin up to which a flip is a tie")
     judged_by: str = Field("", description="What the verdict rests on: the cold run's own top-k, or a reference")
+    cold_token_id: int | None = None
+    later_token_id: int | None = None
+    reference: ReferenceVerdict | None = Field(None, description="The reference's ranking of the two tokens there")
 
     def describe(self) -> str:
         cold = f"{self.cold_token!r}" if self.cold_token is not None else "the end of the answer"
         later = f"{self.later_token!r}" if self.later_token is not None else "the end of the answer"
-        if self.cold_margin is not None:
+        if self.reference is not None and self.reference.verdict != "same" and self.reference.margin is not None:
+            margin = f"margin {self.cold_margin:.3g}" if self.cold_margin is not None else "margin unknown"
+            margin += f", the reference's {self.reference.margin:.3g}"
+        elif self.cold_margin is not None:
             margin = f"margin {self.cold_margin:.3g}"
         elif self.cold_margin_at_least is not None:
             margin = f"margin over {self.cold_margin_at_least:.3g} (not in the cold run's top {len(self.cold_top)})"
@@ -104,7 +125,8 @@ class Divergence(BaseModel):
         if self.verdict == "tie":
             return f"{head}: a flip on a near-tie (within {self.tolerance:.3g}; judged by {self.judged_by})"
         if self.verdict == "clearly lower":
-            return f"{head}: the cold run ranked this run's token clearly lower (over {self.tolerance:.3g}; judged by {self.judged_by})"
+            who = "the reference ranks" if self.reference is not None else "the cold run ranked"
+            return f"{head}: {who} this run's token clearly lower (over {self.tolerance:.3g}; judged by {self.judged_by})"
         return f"{head} ({self.judged_by or 'not judged'})"
 
 
@@ -293,11 +315,52 @@ def divergence(cold: Answer, later: Answer, index: int) -> Divergence:
     )
 
 
-def judge_flip(flip: Divergence, tolerance: float) -> Divergence:
-    """Without a reference: a tie when the cold run itself had the two tokens within `tolerance` of each other,
-    clearly lower when it ranked the later token further below (or outside its top-k by more than that)."""
+def _readable(
+    endpoint: Endpoint, flip: Divergence, cold: Answer, messages: list[dict[str, str]], referee: Referee | None
+) -> Divergence:
+    """Token ids ('token_id:N') shown as text, and the reference's verdict on the two ids when there is one."""
+    cache: dict[int, str] = {}
+
+    def text(token: str | None) -> str | None:
+        number = token_id(token)
+        if number is None:
+            return token
+        if number not in cache:
+            try:
+                cache[number] = endpoint.detokenize([number])
+            except CookbookError:
+                cache[number] = token or ""
+        return cache[number]
+
+    cold_id, later_id = token_id(flip.cold_token), token_id(flip.later_token)
+    shown = flip.model_copy(update={
+        "cold_token": text(flip.cold_token), "later_token": text(flip.later_token),
+        "cold_top": [(text(t) or "", lp) for t, lp in flip.cold_top],
+        "later_top": [(text(t) or "", lp) for t, lp in flip.later_top],
+        "cold_token_id": cold_id, "later_token_id": later_id,
+    })
+    if referee is not None and cold_id is not None and later_id is not None:
+        before = [token_id(t) for t in cold.tokens[: flip.index]]
+        if all(t is not None for t in before):
+            prefix = chat_prompt_ids(endpoint, messages) + [t for t in before if t is not None]
+            shown.reference = referee(prefix, cold_id, later_id)
+    return shown
+
+
+def judge_flip(flip: Divergence, tolerance: float, no_reference: str = "") -> Divergence:
+    """With a reference's verdict: a tie when the reference puts the two tokens within the dtype's tie margin, a
+    fail when it ranks the later token clearly lower. Without one: a tie when the cold run itself had the two
+    tokens within `tolerance` of each other, clearly lower when it ranked the later token further below (or
+    outside its top-k by more than that)."""
+    if flip.reference is not None and flip.reference.verdict != "same":
+        ref = flip.reference
+        return flip.model_copy(update={
+            "verdict": "tie" if ref.verdict == "tie" else "clearly lower",
+            "tolerance": ref.tolerance,
+            "judged_by": f"the reference ({ref.source}): {ref.note}",
+        })
     judged = flip.model_copy(update={"tolerance": tolerance})
-    judged.judged_by = f"the cold run's own top-{TOP_K} margin, no reference"
+    judged.judged_by = f"the cold run's own top-{TOP_K} margin, no reference" + (f" ({no_reference})" if no_reference else "")
     if flip.cold_token is None or flip.later_token is None:
         judged.judged_by = "one answer ended here; the cold run's top-k cannot rank the end of an answer"
         return judged
@@ -362,12 +425,13 @@ def probe_prompt(
     max_tokens: int,
     timeout_s: float,
     seed: int | str,
+    referee: Referee | None = None,
 ) -> tuple[PromptReport, dict[str, Any]]:
     """Cold, then the same salted request until the first that should hit; returns the report and the request."""
     cell = f"{seed}:prefix-cache:{target_tokens}"
     haystack = build_haystack(endpoint, target_tokens, NEEDLE_DEPTH, make_needle(cell), seed=cell)
     salt = new_salt()
-    body = request_body(endpoint, haystack.messages, salt, max_tokens)
+    body = request_body(endpoint, haystack.messages, salt, max_tokens, token_ids=True)
     timeout = request_timeout(timeout_s, haystack.prompt_tokens)
     answers: list[Answer] = []
     deltas: list[float | None] = []
@@ -378,6 +442,9 @@ def probe_prompt(
         answers.append(answer)
     cold = answers[0]
     comparisons = [compare(cold, later) for later in answers[1:]]
+    for comparison, later in zip(comparisons, answers[1:]):
+        if comparison.divergence is not None:
+            comparison.divergence = _readable(endpoint, comparison.divergence, cold, haystack.messages, referee)
     cached = [a.cached_tokens for a in answers]
     prompt_tokens = cold.prompt_tokens or haystack.prompt_tokens
     problems = _cache_problems(layout, prompt_tokens, cached, layout.hits_from_request)
@@ -414,7 +481,9 @@ def probe_prompt(
     return report, body
 
 
-def _judge(report: PromptReport, expected: str, allowed: float, tie_tolerance: float | None = None) -> None:
+def _judge(
+    report: PromptReport, expected: str, allowed: float, tie_tolerance: float | None = None, no_reference: str = ""
+) -> None:
     """Add each later request's problems under the recipe's expectation (a hit may come before the one
     `hits_from_request` names: every request after the cold one must match it). A text that parts from the cold
     run on a near-tie is a tie (reported with its margin); with 'bit-identical' it still fails on the logprobs."""
@@ -424,7 +493,7 @@ def _judge(report: PromptReport, expected: str, allowed: float, tie_tolerance: f
         what = f"request {number} ({f'a hit, {cached} cached' if cached else 'not a hit'})"
         flip = comparison.divergence
         if flip is not None:
-            flip = comparison.divergence = judge_flip(flip, tolerance)
+            flip = comparison.divergence = judge_flip(flip, tolerance, no_reference)
         if not comparison.text_identical:
             said = f"{what} answered {report.texts[number - 1]!r}, the cold run {report.texts[0]!r}"
             if flip is not None and flip.verdict == "tie":
@@ -452,6 +521,8 @@ def probe_prefix_cache(
     timeout_s: float = 60.0,
     seed: int | str = 0,
     tie_tolerance: float | None = None,
+    referee: Referee | None = None,
+    no_reference: str = "",
 ) -> tuple[PrefixCacheReport, list[Evidence]]:
     """Run the probe on prompts of the given lengths (in this model's tokens); evidence for each failing prompt
     (and for each flip on a near-tie, so a reader sees both runs' top-k there)."""
@@ -459,8 +530,9 @@ def probe_prefix_cache(
     evidence: list[Evidence] = []
     tolerance = tie_tolerance if tie_tolerance is not None else (max_logprob_diff or DEFAULT_TOLERANCE)
     for target in prompt_tokens:
-        report, body = probe_prompt(endpoint, target, layout, max_tokens, timeout_s, seed)
-        _judge(report, logprobs, max_logprob_diff, tolerance)
+        report, body = probe_prompt(endpoint, target, layout, max_tokens, timeout_s, seed, referee)
+        why_none = no_reference or str(getattr(referee, "why_none", "") or "")
+        _judge(report, logprobs, max_logprob_diff, tolerance, why_none)
         reports.append(report)
         if report.problems or report.ties:
             flips = [c.divergence.model_dump() for c in report.comparisons if c.divergence is not None]
@@ -611,6 +683,58 @@ def tie_tolerance(ctx: CheckContext, served: ServedModel) -> float:
     return DTYPE_TOLERANCE.get(str(dtype).lower(), DEFAULT_TOLERANCE)
 
 
+class LazyReferee:
+    """Asks the numerics oracle's reference (cookbook.reference) about a flip, loading it only when a flip happens:
+    the recipe's golden file when it knows the prompt, else a forward pass computed here, else none (and why)."""
+
+    def __init__(self, ctx: CheckContext) -> None:
+        self.ctx = ctx
+        self.why_none = ""
+        self._refs: list[Any] | None = None
+
+    def _references(self) -> list[Any]:
+        if self._refs is None:
+            from ..reference import reference_for
+
+            self._refs = []
+            reasons = []
+            for wanted in ("", "computed"):
+                ctx = CheckContext(self.ctx.endpoint, self.ctx.recipe, params={**self.ctx.params, "reference": wanted})
+                try:
+                    ref, why = reference_for(ctx)
+                except CookbookError as exc:
+                    ref, why = None, str(exc)
+                if ref is not None and all(ref is not r for r in self._refs):
+                    self._refs.append(ref)
+                elif ref is None:
+                    reasons.append(why)
+            self.why_none = "; ".join(dict.fromkeys(reasons)) or "no reference"
+        return self._refs
+
+    def __call__(self, prefix: list[int], cold_id: int, later_id: int) -> ReferenceVerdict | None:
+        from ..reference import judge_divergence
+        from .oracle import tolerance_for
+
+        tolerance = tolerance_for(self.ctx)[0].tie_margin
+        for ref in self._references():
+            if not ref.can_score(prefix):
+                self.why_none = f"{ref.source} cannot score this prompt"
+                continue
+            try:
+                position = ref.score(prefix, 1, TOP_K).greedy[0]
+            except CookbookError as exc:
+                self.why_none = f"the reference failed: {exc}"
+                continue
+            verdict = judge_divergence(position, cold_id, later_id, tolerance)
+            return ReferenceVerdict(
+                verdict=verdict.verdict, margin=verdict.margin, tolerance=tolerance, note=verdict.note,
+                source=ref.source,
+            )
+        if not self._refs and not self.why_none:
+            self.why_none = "no reference"
+        return None
+
+
 def _shortest_prompt(endpoint: Endpoint) -> int:
     """The longest needle frame (instruction, needle, question, template) with this tokenizer, plus a margin."""
     return frame_tokens(endpoint, longest_frame_needle()) + 4
@@ -646,6 +770,7 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
     else:  # a recipe that says nothing: close within the dtype's tolerance (bit-identity is opted into)
         logprobs, allowed = "close", tie_tolerance(ctx, served)
     fitted = fit_lengths(list(lengths), context, ctx.max_tokens)
+    referee = LazyReferee(ctx) if ctx.params.get("reference") != "none" else None
     report, evidence = probe_prefix_cache(
         ctx.endpoint,
         fitted,
@@ -656,6 +781,8 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
         timeout_s=ctx.request_timeout_s,
         seed=seed_param(ctx.params),
         tie_tolerance=tie_tolerance(ctx, served),
+        referee=referee,
+        no_reference="" if referee is not None else "reference turned off (params reference=none)",
     )
     report.defaults = derived
     text = result_text(report)
