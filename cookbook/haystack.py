@@ -141,6 +141,7 @@ class Haystack(BaseModel):
     depth: float = Field(description="Requested needle depth, a fraction of the filler")
     actual_depth: float = Field(description="Where the needle landed: filler tokens before it / all filler tokens")
     filler_tokens: int = Field(description="Filler tokens around the needle")
+    filler_after: int = Field(0, description="Filler tokens between the needle and the question")
     needle: Needle
     messages: list[dict[str, str]] = Field(repr=False, description="The chat messages to send")
 
@@ -204,6 +205,7 @@ def build_haystack(endpoint: Endpoint, target_tokens: int, depth: float, needle:
                 depth=depth,
                 actual_depth=before / max(1, before + after),
                 filler_tokens=before + after,
+                filler_after=after,
                 needle=needle,
                 messages=messages,
             )
@@ -369,6 +371,11 @@ class ServedModel(BaseModel):
     max_model_len: int = Field(description="The context the server was started with")
     cache_config: dict[str, str] = Field(default_factory=dict, description="vllm:cache_config_info labels")
     sliding_windows: list[int] = Field(default_factory=list, description="Distinct attention windows, in tokens")
+    server_window: int | None = Field(None, description="The window the server reports (cache_config_info)")
+    config_windows: list[int] = Field(default_factory=list, description="The windows config.json declares")
+    max_positions: int | None = Field(
+        None, description="Positions the model was made for: config.json max_position_embeddings (x a RoPE factor)"
+    )
     layer_types: list[str] = Field(default_factory=list, description="config.json layer_types, when it has them")
     dtype: str | None = Field(None, description="config.json dtype (torch_dtype)")
     config_source: str | None = Field(None, description="Where the config came from; None when unreadable here")
@@ -377,6 +384,32 @@ class ServedModel(BaseModel):
     def block_size(self) -> int | None:
         value = self.cache_config.get("block_size", "")
         return int(value) if value.isdigit() else None
+
+    def contradictions(self) -> list[str]:
+        """Where the server runs the model otherwise than its config.json says (a window or a context imposed at
+        launch, e.g. by --hf-overrides or --max-model-len): legal settings that break long prompts."""
+        said: list[str] = []
+        if self.config_source is None:
+            return said
+        if self.server_window is not None and self.server_window not in self.config_windows:
+            declared = ", ".join(str(w) for w in self.config_windows) or "none"
+            said.append(
+                f"the server applies a {self.server_window:,}-token sliding window; the served model's config.json "
+                f"declares {declared}"
+            )
+        if self.max_positions and self.max_model_len > self.max_positions:
+            said.append(
+                f"the served context {self.max_model_len:,} is longer than the {self.max_positions:,} positions the "
+                "model was made for (config.json max_position_embeddings)"
+            )
+        return said
+
+    def beyond(self, tokens_back: int) -> str | None:
+        """Why a fact this many tokens before the question may be out of reach, if a window explains it."""
+        reach = [w for w in self.sliding_windows if w < tokens_back]
+        if not reach or (self.layer_types and "full_attention" in self.layer_types and self.server_window is None):
+            return None  # some layers see everything: a window alone does not explain a loss
+        return f"beyond the served {max(reach):,}-token sliding window"
 
 
 def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
@@ -391,6 +424,22 @@ def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
     if layer_types and not any("sliding" in t for t in layer_types):
         return [], layer_types
     return [window], layer_types
+
+
+def _max_positions(config: dict[str, Any]) -> int | None:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    positions = text.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    factor = 1.0
+    for scaling in (text.get("rope_scaling"), text.get("rope_parameters")):
+        entries = [scaling] if isinstance(scaling, dict) else []
+        entries += [v for v in (scaling or {}).values() if isinstance(v, dict)] if isinstance(scaling, dict) else []
+        for entry in entries:
+            value = entry.get("factor")
+            if isinstance(value, (int, float)) and value > factor:
+                factor = float(value)
+    return int(positions * factor)
 
 
 def served_model(endpoint: Endpoint, metrics: list[Any] | None = None) -> ServedModel:
@@ -409,6 +458,7 @@ def served_model(endpoint: Endpoint, metrics: list[Any] | None = None) -> Served
     facts = ServedModel(max_model_len=context, cache_config=dict(cache))
     label_window = cache.get("sliding_window", "")
     if label_window.isdigit():
+        facts.server_window = int(label_window)
         facts.sliding_windows = [int(label_window)]
     try:
         models = endpoint.http().get("/v1/models").json().get("data", [])
@@ -423,7 +473,9 @@ def served_model(endpoint: Endpoint, metrics: list[Any] | None = None) -> Served
             config = None
         if isinstance(config, dict):
             windows, facts.layer_types = _windows_from_config(config)
+            facts.config_windows = windows
             facts.sliding_windows = sorted(set(facts.sliding_windows) | set(windows))
+            facts.max_positions = _max_positions(config)
             dtype = config.get("dtype") or config.get("torch_dtype")
             facts.dtype = str(dtype) if dtype else None
             facts.config_source = str(config_path)
