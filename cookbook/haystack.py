@@ -93,7 +93,7 @@ class Needle(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     key: str = Field(description="What the number belongs to, e.g. 'the blue door'")
-    value: str = Field(description="The seven-digit number the answer must contain exactly")
+    value: str = Field(description="The number (seven digits by default) the answer must contain exactly")
 
     @property
     def sentence(self) -> str:
@@ -119,10 +119,20 @@ class Needle(BaseModel):
         return re.search(rf"(?<!\d){re.escape(self.value)}(?!\d)", answer) is not None
 
 
-def make_needle(seed: int | str) -> Needle:
-    """A needle the model cannot guess: a random key and a random seven-digit value, fixed by `seed`."""
+DEFAULT_DIGITS = 7
+MIN_DIGITS = 4  # 9,000 values: a model that lost the needle guesses it about once in 9,000 cells
+
+
+def make_needle(seed: int | str, digits: int = DEFAULT_DIGITS) -> Needle:
+    """A needle the model cannot guess: a random key and a random value of `digits` digits (no leading zero),
+    fixed by `seed`. Seven digits by default; a small model copies a shorter number more reliably from far back,
+    and a lost or altered needle still fails (exact match)."""
+    if digits < MIN_DIGITS:
+        raise ValueError(f"a needle needs at least {MIN_DIGITS} digits, got {digits}")
     rng = random.Random(f"needle:{seed}")
-    return Needle(key=rng.choice(_KEYS), value=str(rng.randint(1_000_000, 9_999_999)))
+    key = rng.choice(_KEYS)
+    value = rng.randint(10 ** (digits - 1), 10**digits - 1)
+    return Needle(key=key, value=str(value))
 
 
 def longest_frame_needle() -> Needle:

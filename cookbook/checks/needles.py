@@ -26,6 +26,7 @@ from ..haystack import (
     request_timeout,
     seed_param,
     served_model,
+    DEFAULT_DIGITS,
     ServedModel,
 )
 from ..results import Evidence
@@ -90,6 +91,7 @@ def probe_needles(
     timeout_s: float = 60.0,
     seed: int | str = 0,
     served: ServedModel | None = None,
+    digits: int = DEFAULT_DIGITS,
 ) -> tuple[NeedleGrid, list[Evidence]]:
     """Every cell cold, scored by exact match; evidence for every miss and every cell that was not cold (a miss
     says how far before the question its needle sat, and whether that is beyond the served sliding window)."""
@@ -98,7 +100,7 @@ def probe_needles(
     for length in sorted(lengths):
         for depth in depths:
             cell_seed = f"{seed}:needle:{length}:{depth}"
-            needle = make_needle(cell_seed)
+            needle = make_needle(cell_seed, digits)
             haystack = build_haystack(endpoint, length, depth, needle, seed=cell_seed)
             body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=False)
             answer = ask(endpoint, body, request_timeout(timeout_s, haystack.prompt_tokens))
@@ -168,8 +170,10 @@ def needles(ctx: CheckContext) -> CheckOutcome:
     expectation = ctx.recipe.verification.needles if ctx.recipe else None
     served = served_model(ctx.endpoint)
     context = served.max_model_len
-    lengths = ctx.params.get("needle_lengths") or (expectation.lengths if expectation else default_lengths(context))
-    depths = ctx.params.get("needle_depths") or (expectation.depths if expectation else DEFAULT_DEPTHS)
+    lengths = ctx.params.get("needle_lengths") or (expectation.lengths if expectation else None)
+    lengths = lengths or default_lengths(context)
+    depths = ctx.params.get("needle_depths") or (expectation.depths if expectation else None) or DEFAULT_DEPTHS
+    digits = int(ctx.params.get("needle_digits") or (expectation.value_digits if expectation else DEFAULT_DIGITS))
     if not lengths or not depths:
         raise CookbookError("needles: no lengths or depths to test")
     fitted = fit_lengths(list(lengths), context, ctx.max_tokens)
@@ -181,6 +185,7 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         timeout_s=ctx.request_timeout_s,
         seed=seed_param(ctx.params),
         served=served,
+        digits=digits,
     )
     details = grid.model_dump()
     details["times"] = grid.times()
