@@ -423,17 +423,12 @@ class ServedModel(BaseModel):
 
 
 def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
-    """Sliding windows as transformers configs say them: `sliding_window` applies to the `sliding_attention`
-    entries of `layer_types` when there are some, to every layer when there are none (Mistral), and not at all
-    when `use_sliding_window` is false (Qwen2)."""
+    """The config's sliding windows (the oracle's reading of transformers configs: `sliding_window` where some layer
+    slides, Mistral-style, Qwen2's `use_sliding_window`, `text_config`) and its `layer_types`."""
+    from .reference import sliding_windows
+
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layer_types = [str(t) for t in text.get("layer_types") or []]
-    window = text.get("sliding_window")
-    if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
-        return [], layer_types
-    if layer_types and not any("sliding" in t for t in layer_types):
-        return [], layer_types
-    return [window], layer_types
+    return list(sliding_windows(config)), [str(t) for t in text.get("layer_types") or []]
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:

@@ -7,40 +7,26 @@ One server for this module (COOKBOOK_TEST_LONGCTX_URL attaches to a running one 
 cache wrongly; this one is the probes' own.)"""
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from cookbook.checks import CheckContext, run_checks
 from cookbook.endpoint import Endpoint
-from cookbook.launch import Server, attach, free_port, session_pids
 from cookbook.recipes import Recipe
+
+from own_server import own_server
 
 LONG_CONTEXT = 16384  # twice SmolLM2's 8,192 positions
 
 
 @pytest.fixture(scope="module")
 def too_long_server(cpu_recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    attached = os.environ.get("COOKBOOK_TEST_LONGCTX_URL")  # development only: a server started with these settings
-    if attached:
-        yield attach(attached, cpu_recipe.served_model_name)
-        return
     recipe = cpu_recipe.model_copy(
         update={"environment": {**cpu_recipe.environment, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}}
     )
-    server = Server(
-        recipe, port=free_port(), run_dir=tmp_path_factory.mktemp("smollm2-16k"), say=lambda _l: None,
-        extra_flags={"max-model-len": LONG_CONTEXT},
-    )
-    server.start()
-    assert server.process is not None
-    sid = server.process.pid
-    try:
-        yield server.endpoint
-    finally:
-        server.stop()
-        assert not session_pids(sid), "processes left after stopping the 16K SmolLM2 server"
+    # COOKBOOK_TEST_LONGCTX_URL: development only, a server already started with these settings.
+    yield from own_server(recipe, tmp_path_factory, "COOKBOOK_TEST_LONGCTX_URL", {"max-model-len": LONG_CONTEXT})
 
 
 def _needles(endpoint: Endpoint, recipe: Recipe, lengths: list[int]) -> object:

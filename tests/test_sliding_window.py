@@ -3,7 +3,6 @@ written as a user would (no prompt lengths, no layout hints). One real server fo
 COOKBOOK_TEST_SLIDING_URL to attach to a running one while developing)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -11,8 +10,9 @@ import pytest
 from cookbook.checks import CheckContext, run_checks
 from cookbook.endpoint import Endpoint
 from cookbook.haystack import served_model
-from cookbook.launch import Server, attach, free_port, session_pids
 from cookbook.recipes import Recipe, load_recipe
+
+from own_server import own_server
 
 RECIPE = "cookbook/tiny-gemma3"
 
@@ -30,19 +30,7 @@ def sliding_recipe() -> Recipe:
 
 @pytest.fixture(scope="module")
 def sliding_server(sliding_recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    attached = os.environ.get("COOKBOOK_TEST_SLIDING_URL")
-    if attached:
-        yield attach(attached, sliding_recipe.served_model_name)
-        return
-    server = Server(sliding_recipe, port=free_port(), run_dir=tmp_path_factory.mktemp("tiny-gemma3"), say=lambda _l: None)
-    server.start()
-    assert server.process is not None
-    sid = server.process.pid
-    try:
-        yield server.endpoint
-    finally:
-        server.stop()
-        assert not session_pids(sid), "processes left after stopping the tiny Gemma 3 server"
+    yield from own_server(sliding_recipe, tmp_path_factory, "COOKBOOK_TEST_SLIDING_URL")
 
 
 @pytest.mark.integration
