@@ -1629,6 +1629,8 @@ def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: P
     if not changed:
         raise FixError(EXIT_USAGE, f"--from {edited}: no file differs from the installed packages; nothing to "
                                    f"capture")
+    listed = [t.path for t in fix.targets or []]  # the order fix.json already gives, then the rest by path
+    changed.sort(key=lambda c: (listed.index(c[0]) if c[0] in listed else len(listed), c[0]))
     chunks, targets, new_pins, summary = [], [], {}, []
     for rel, installed, new in changed:
         if not safe_rel(rel):
@@ -1667,7 +1669,6 @@ def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: P
                                        f"{rel} comes out different from the edited file")
     fix_dir = fix.source.parent
     meta = json.loads(fix.source.read_text(encoding="utf-8"))
-    listed = [t["path"] for t in meta.get("targets") or []]
     dropped = [p for p in listed if p not in {t["path"] for t in targets}]
     payload_name = meta.get("payload") or "payload.diff"
     payload_path = fix_dir / payload_name
