@@ -891,7 +891,7 @@ def gate(image: Image, ledger: dict[str, Any] | None, allow_drift: bool = False
             rows.append({"what": rel, "expected": short(pristine), "found": short(found), "ok": found == pristine})
     if drift and not allow_drift:
         raise FixError(EXIT_STATE, f"drift: changed since the fixes were applied: {'; '.join(drift)}; to recover: "
-                                   f"put back the applied version of each (sha256 in --status) and run again, or "
+                                   f"put back the applied version of each (--status shows it) and run again, or "
                                    f"{revert_hint(profile.name, image.root, force=True)} to restore the saved "
                                    f"originals, discarding that change", data={"gate": rows})
     if not all(r["ok"] for r in rows):
@@ -1482,7 +1482,8 @@ def cmd_status(pack: Pack, profile: Profile, root: Path | None, lock_timeout: fl
     lines.append("  files:")
     width = max((len(f["path"]) for f in files), default=0)
     lines += [f"    {f['path']:<{width}}  {f['state']:<9} {short(f['sha256'])}"
-              + (f" (pinned {short(f['pristine'])})" if f["state"] == "modified" and f["path"] in differing else "")
+              + (f" (pinned {short(f['pristine'])})" if f["state"] == "modified" and f["path"] in differing else
+                 f" (applied {short(f['applied'])})" if f["state"] == "modified" else "")
               for f in files]
     lines.append(f"  payloads missing: {len(missing)}" + (f" ({', '.join(missing)})" if missing else ""))
     lines.append(f"  pinned files that differ from the profile: {len(differing)}"
