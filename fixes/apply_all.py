@@ -687,7 +687,7 @@ class _Fields:
 
     def ledger(self, data: object, prefix: str = "") -> dict[str, Any]:
         if not isinstance(data, dict):
-            raise self.fail(f"field '{prefix.rstrip('.') or '(top)'}' should be an object")
+            raise self.fail(f"field '{prefix.rstrip('.')}' should be an object" if prefix else "not a JSON object")
         fmt = self.get(data, "format", prefix + "format", lambda v: isinstance(v, int), "an integer")
         if fmt != LEDGER_FORMAT:
             raise self.fail(f"field '{prefix}format' is {fmt}; this tool reads format {LEDGER_FORMAT}")
@@ -1614,9 +1614,12 @@ def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: P
         pristine = pristine_contents(image, current, ledger)
     ledger_files = (ledger or {}).get("files", {})
     changed: list[tuple[str, bytes | None, bytes]] = []
+    sites: dict[str, Path | None] = dict(image.sites)
     for rel in edited_files(edited):
         top = rel.split("/", 1)[0]
-        site = image.sites[top] if top in image.sites else locate_package(top, root)
+        if top not in sites:
+            sites[top] = locate_package(top, root)
+        site = sites[top]
         if site is None:
             continue  # not an installed package: not part of this image
         installed = current[rel] if rel in current else image_bytes(site / rel)

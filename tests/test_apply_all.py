@@ -27,6 +27,7 @@ from fixpack_helpers import (
     load_apply_all,
     make_pack,
     make_site,
+    make_v026_standin,
     matches_record,
     record_line,
     run_tool,
@@ -590,34 +591,7 @@ def test_v026_on_a_matching_image_names_missing_payloads(tmp_path: Path) -> None
     No bytes with the research sha256s exist here, so the test rewrites the profile's hashes to synthetic files of
     the same paths and checks the behaviour: gate passes, every payload is named as missing, exit 3, nothing
     written.  Everything else (ids, order, opt-ins, dependencies) is the real pack."""
-    src = Path(APPLY_ALL).parent
-    pack = tmp_path / "pack"
-    shutil.copytree(src / "v0.26.0", pack / "v0.26.0")
-    (pack / "ORDER").write_text("\n".join(ln for ln in (src / "ORDER").read_text().splitlines()
-                                          if (src / "v0.26.0" / ln.strip()).is_dir()) + "\n")
-    profile = json.loads((pack / "v0.26.0/profile.json").read_text())
-    site = tmp_path / "site"
-    files = {}
-    for rel, digest in profile["files"].items():
-        if digest is None:
-            files[rel] = None
-            continue
-        data = f"# stand-in for {rel}\n".encode()
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-        files[rel] = sha(data)
-    for name, version in (("vllm_gaudi", "0.26.0+gb059f9c95"), ("vllm", "0.26.1.dev0+g568afb3a1"),
-                          ("habana_torch_plugin", "1.24.1.11")):
-        dist = site / f"{name}-{version}.dist-info"
-        dist.mkdir(parents=True)
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    profile["files"] = files
-    (pack / "v0.26.0/profile.json").write_text(json.dumps(profile))
-    for fix_json in (pack / "v0.26.0").glob("*/fix.json"):
-        meta = json.loads(fix_json.read_text())
-        for t in meta["targets"] or []:
-            t["pre"] = files[t["path"]]
-        fix_json.write_text(json.dumps(meta))
+    pack, site = make_v026_standin(tmp_path)
     before = snapshot(site)
     r = run_tool(pack, site, "--profile", "v0.26.0", "gdn-prefix-cache")
     assert r.returncode == 3, r.stderr
