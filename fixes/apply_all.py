@@ -1615,21 +1615,24 @@ def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: P
     ledger_files = (ledger or {}).get("files", {})
     changed: list[tuple[str, bytes | None, bytes]] = []
     sites: dict[str, Path | None] = dict(image.sites)
-    for rel in edited_files(edited):
-        top = rel.split("/", 1)[0]
-        if top not in sites:
-            sites[top] = locate_package(top, root)
-        site = sites[top]
-        if site is None:
-            continue  # not an installed package: not part of this image
-        installed = current[rel] if rel in current else image_bytes(site / rel)
-        new = (edited / rel).read_bytes()
-        if new == installed:
-            continue
-        if rel in ledger_files and sha256(new) == profile.files.get(rel):
-            raise FixError(EXIT_USAGE, f"--from {edited}: {rel} is the pristine file, but fixes are applied to it "
-                                       f"here; copy the image's files as they are now, then edit")
-        changed.append((rel, installed, new))
+    try:
+        for rel in edited_files(edited):
+            top = rel.split("/", 1)[0]
+            if top not in sites:
+                sites[top] = locate_package(top, root)
+            site = sites[top]
+            if site is None:
+                continue  # not an installed package: not part of this image
+            installed = current[rel] if rel in current else image_bytes(site / rel)
+            new = (edited / rel).read_bytes()
+            if new == installed:
+                continue
+            if rel in ledger_files and sha256(new) == profile.files.get(rel):
+                raise FixError(EXIT_USAGE, f"--from {edited}: {rel} is the pristine file, but fixes are applied to "
+                                           f"it here; copy the image's files as they are now, then edit")
+            changed.append((rel, installed, new))
+    except OSError as exc:
+        raise FixError(EXIT_IO, f"cannot read {exc.filename}: {exc.strerror}; nothing written") from None
     if not changed:
         raise FixError(EXIT_USAGE, f"--from {edited}: no file differs from the installed packages; nothing to "
                                    f"capture")
