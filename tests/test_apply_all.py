@@ -435,31 +435,50 @@ def test_repair_refuses_a_file_changed_after_the_kill(tmp_path: Path) -> None:
 
 # -- two runs at once ---------------------------------------------------------------------------------------
 
-SLOW = "    time.sleep(0.3)\n    orig(src, dst)\n"
+def _holding(site: Path) -> str:
+    """Inject code: at its first rename (lock held, mid-write) the run says so in a file, then waits for a release
+    file: the other run is started while this one provably holds the lock, whatever the machine's load."""
+    held, release = site.parent / "held", site.parent / "release"
+    return (f"    if calls[0] == 1:\n"
+            f"        open({str(held)!r}, 'w').close()\n"
+            f"        deadline = time.monotonic() + 120\n"
+            f"        while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+            f"            time.sleep(0.02)\n"
+            f"    orig(src, dst)\n")
 
 
 def test_concurrent_runs_one_waits(env: tuple[Path, Path]) -> None:
     pack, site = env
-    first = subprocess.Popen(runner_script(pack, site, PROFILE, SLOW), stdout=subprocess.PIPE,
+    first = subprocess.Popen(runner_script(pack, site, PROFILE, _holding(site)), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    _wait_for(site / STATE / "lock")
-    time.sleep(0.3)
-    second = run_tool(pack, site, *PROFILE)
+    _wait_for(site.parent / "held")
+    err = site.parent / "second.err"
+    with open(err, "w") as err_fh:
+        argv = [sys.executable, str(APPLY_ALL), "--pack", str(pack), "--root", str(site), *PROFILE]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        second = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_fh, text=True, env=env)
+        deadline = time.monotonic() + 60
+        while "waiting for" not in err.read_text():  # the second run is blocked on the lock
+            assert second.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "the second run never waited for the lock"
+            time.sleep(0.02)
+        (site.parent / "release").touch()
+        out2, _ = second.communicate(timeout=60)
     out1, err1 = first.communicate(timeout=60)
     assert first.returncode == 0, err1
     assert "applied 3 fixes" in out1
-    assert second.returncode == 0, second.stderr
-    assert "waiting for" in second.stderr and "already applied" in second.stdout
+    assert second.returncode == 0, err.read_text()
+    assert "already applied" in out2
     assert code_files(site) == expected_applied()
 
 
 def test_concurrent_run_gives_up_cleanly_after_the_lock_timeout(env: tuple[Path, Path]) -> None:
     pack, site = env
-    first = subprocess.Popen(runner_script(pack, site, PROFILE, SLOW), stdout=subprocess.PIPE,
+    first = subprocess.Popen(runner_script(pack, site, PROFILE, _holding(site)), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    _wait_for(site / STATE / "lock")
-    time.sleep(0.3)
+    _wait_for(site.parent / "held")
     second = run_tool(pack, site, *PROFILE, "--lock-timeout", "0.2")
+    (site.parent / "release").touch()
     first.communicate(timeout=60)
     assert first.returncode == 0
     assert second.returncode == 4
