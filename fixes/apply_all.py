@@ -896,8 +896,8 @@ def gate(image: Image, ledger: dict[str, Any] | None, allow_drift: bool = False
                                    f"originals, discarding that change", data={"gate": rows})
     if not all(r["ok"] for r in rows):
         saved = orphaned_originals(image, ledger, current)
-        hint = (f"; {_n(len(saved), 'file')} of it ({', '.join(saved)}) were patched by an earlier run whose ledger "
-                f"is gone, and the originals are saved: {revert_hint(profile.name, image.root)} restores them"
+        hint = (f"; {', '.join(saved)} {'was' if len(saved) == 1 else 'were'} patched by an earlier run whose "
+                f"ledger is gone (the originals are saved): {revert_hint(profile.name, image.root)} restores them"
                 if saved else "")
         raise FixError(EXIT_IMAGE, f"image mismatch: this is not the image profile {profile.name} pins "
                                    f"({profile.image}); nothing written{hint}",
