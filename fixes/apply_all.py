@@ -12,7 +12,9 @@ bare vllm-gaudi (or vllm-cpu) image before ``vllm serve``.  The pack lives next 
 Guarantees: nothing is written unless the image matches and every selected payload applies; each file is written
 via a temp file and an atomic rename; a failure restores every touched file; a journal written before the first
 rename lets the next run repair a run that was killed; a ledger next to the package makes re-runs no-ops and
-reverts byte-identical.  See docs/fixes.md for the format, the ledger and the exit codes.
+reverts byte-identical; when the ledger or journal cannot be trusted, a full revert restores the originals saved
+before the first write (the blob store).  ``--capture`` is the authoring side: it writes a fix's payload and hashes
+from an edited copy of the image's files.  See docs/fixes.md for the format, the ledger, recovery and exit codes.
 """
 from __future__ import annotations
 
