@@ -1720,8 +1720,13 @@ def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: P
                        f"capture of {fix.id} not written ({why}); the pack is as it was") from None
     lines.append(f"  wrote {payload_path}, {fix.source}" + (f", {profile_json}" if new_pins else ""))
     lines.append(f"  next: `apply_all.py --profile {profile.name}{' ' + fix.id if fix.opt_in else ''} --dry-run`, "
-                 f"then apply, then the fix's check ({fix.meta.get('check')})")
+                 f"then apply, then the fix's check ({check_label(fix)})")
     return Outcome(EXIT_OK, lines, {**data, "result": "captured"})
+
+
+def check_label(fix: Fix) -> str:
+    check = fix.meta.get("check")
+    return f"probe: {check['probe']}" if isinstance(check, dict) else str(check)
 
 
 def current_or(image: Image, root: Path | None, rel: str) -> bytes | None:
