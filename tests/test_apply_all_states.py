@@ -86,6 +86,9 @@ def test_ledger_missing_key_or_wrong_type_is_one_line_exit_3(applied: tuple[Path
         line = _one_line_error(r, "ledger.json", field)
         assert "--revert" in line  # the advice names the command that works
     assert snapshot(site) == patched  # nothing was written by the refusals
+    as_json = run_tool(pack, site, "--list", "--json")
+    data = json.loads(as_json.stdout)
+    assert as_json.returncode == 3 and data["exit_code"] == 3 and not data["ok"] and field in data["error"]
     # The advice works: --revert restores every original from the blob store.
     r = run_tool(pack, site, "--revert", *PROFILE)
     assert r.returncode == 0, r.stderr
@@ -266,6 +269,19 @@ def test_symlinked_target_stays_a_symlink_after_apply_and_revert(tmp_path: Path)
     assert link.is_symlink() and os.readlink(link) == target
     assert real.read_bytes() == PRISTINE["toypkg/a.py"]
     assert not list(site.rglob(f"*.cbfix-tmp"))
+
+
+def test_symlinked_target_stays_a_symlink_through_a_killed_run_and_its_repair(tmp_path: Path) -> None:
+    site, real = _symlinked_site(tmp_path)
+    pack = make_pack(tmp_path, standard_fixes())
+    link = site / "toypkg/a.py"
+    _kill_after_first_file(pack, site)
+    assert link.is_symlink()
+    r = run_tool(pack, site, *PROFILE)
+    assert r.returncode == 0 and "repaired an interrupted run" in r.stdout, r.stderr
+    assert link.is_symlink() and b"fixed by f1" in real.read_bytes()
+    assert run_tool(pack, site, "--revert").returncode == 0
+    assert link.is_symlink() and real.read_bytes() == PRISTINE["toypkg/a.py"]
 
 
 def test_symlinked_target_leaving_site_packages_is_refused(tmp_path: Path) -> None:
