@@ -1612,7 +1612,16 @@ def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: P
         if fix.id in applied:
             raise FixError(EXIT_STATE, f"fix {fix.id} is applied here: `apply_all.py --revert {fix.id} --profile "
                                        f"{profile.name}` first, then capture from a copy edited on top of the image")
-        current, _ = gate(image, ledger)  # the rest of the image must be the one the profile pins
+        try:
+            current, _ = gate(image, ledger)  # the rest of the image must be the one the profile pins
+        except FixError as exc:
+            bad = {r["what"] for r in exc.data.get("gate", []) if not r["ok"]}
+            own = [t.path for t in fix.targets or [] if t.path in bad]
+            if exc.code != EXIT_IMAGE or not own:
+                raise
+            raise FixError(exc.code, f"{exc}; {', '.join(own)} of {fix.id} itself differ: the installed files are "
+                                     f"the pristine side of the diff, so put them back (reinstall) and edit a copy",
+                           exc.details, exc.data) from None
         pristine = pristine_contents(image, current, ledger)
     ledger_files = (ledger or {}).get("files", {})
     changed: list[tuple[str, bytes | None, bytes]] = []

@@ -109,6 +109,22 @@ def test_capture_refuses_an_image_that_differs_from_the_profile(tmp_path: Path) 
     assert _pack_files(pack) == pack_before
 
 
+def test_capture_after_editing_the_installed_file_says_to_edit_a_copy(tmp_path: Path) -> None:
+    site = make_site(tmp_path)
+    fixes = standard_fixes()
+    fixes[2] = FixSpec("f3", {}, payload=False)
+    pack = make_pack(tmp_path, fixes, extra_files={"toypkg/sub/c.py": PRISTINE["toypkg/sub/c.py"]})
+    meta_path = pack / "toy-1.0/f3/fix.json"
+    meta = json.loads(meta_path.read_text())
+    meta["targets"] = [{"path": "toypkg/sub/c.py", "pre": sha(PRISTINE["toypkg/sub/c.py"]), "post": None}]
+    meta_path.write_text(json.dumps(meta))
+    (site / "toypkg/sub/c.py").write_bytes(b"# edited in place\n")
+    edited = _tree(tmp_path / "edited", {"toypkg/sub/c.py": b"# edited in place\n"})
+    r = run_tool(pack, site, *PROFILE, "--capture", "f3", "--from", str(edited))
+    assert r.returncode == 2
+    assert "toypkg/sub/c.py of f3 itself differ" in r.stderr.splitlines()[0] and "edit a copy" in r.stderr
+
+
 def test_capture_refuses_a_version_pin_mismatch(tmp_path: Path) -> None:
     site = make_site(tmp_path, version="1.1")
     pack = _pack_without_f2_payload(tmp_path)
