@@ -124,6 +124,23 @@ def test_unreadable_or_removed_ledger_revert_restores_from_the_blobs(applied: tu
     assert snapshot(site) == before
 
 
+def test_revert_from_the_blobs_killed_midway_is_finished_by_the_next_revert(
+        applied: tuple[Path, Path, dict[str, bytes]]) -> None:
+    pack, site, before = applied
+    (site / STATE / "ledger.json").write_text("{")
+    inject = (f"    orig(src, dst)\n"
+              f"    if '{STATE}' not in str(dst):\n"
+              f"        os.kill(os.getpid(), signal.SIGKILL)\n")
+    child = subprocess.run(runner_script(pack, site, ["--revert", *PROFILE], inject), capture_output=True,
+                           text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert (site / STATE / "journal.json").exists()
+    r = run_tool(pack, site, "--revert")
+    assert r.returncode == 0, r.stderr
+    assert snapshot(site) == before
+    assert sorted(p.name for p in (site / STATE).iterdir()) == ["lock"]
+
+
 def test_revert_from_the_blobs_refuses_a_file_it_cannot_account_for(applied: tuple[Path, Path, dict[str, bytes]]
                                                                     ) -> None:
     pack, site, _ = applied
