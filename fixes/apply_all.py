@@ -1752,13 +1752,15 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = _Parser(prog="apply_all.py", description="Apply the Gaudi Cookbook fix pack to this image's packages.",
                 epilog="exit codes: 0 ok or no-op, 1 usage, 2 image mismatch, 3 drift / conflict / missing payload"
-                       " / partial state, 4 cannot write or lock")
+                       " / partial state / damaged ledger or journal, 4 cannot write or lock")
     p.add_argument("--profile", help="profile to apply (e.g. v0.26.0, cpu-0.32.0)")
     p.add_argument("fixes", nargs="*", metavar="FIX", help="opt-in fixes to add (or, with --revert, fixes to revert)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--list", action="store_true", help="list fixes, opt-in, depends-on and state")
-    mode.add_argument("--status", action="store_true", help="per fix and per file: pristine / applied / modified")
-    mode.add_argument("--revert", action="store_true", help="restore the original files, in reverse order")
+    mode.add_argument("--status", action="store_true", help="per pin, fix and file: pristine / applied / "
+                      "modified; missing payloads; pinned files that differ")
+    mode.add_argument("--revert", action="store_true", help="restore the original files, in reverse order "
+                      "(from the blob store when the ledger is damaged or gone)")
     mode.add_argument("--capture", metavar="FIX", help="write FIX's payload and hashes from an edited copy of its "
                                                        "files (--from); the image must match the profile")
     p.add_argument("--from", dest="edited", type=Path, metavar="DIR",
