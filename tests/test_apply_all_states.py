@@ -21,7 +21,6 @@ from fixpack_helpers import (
     make_site,
     run_tool,
     runner_script,
-    sha,
     snapshot,
     standard_fixes,
 )
