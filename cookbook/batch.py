@@ -37,6 +37,9 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 # The batch set, in order. 00_index only explains the set; it is executed by the tests, not by a batch.
 BATCH_NOTEBOOKS = ("01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput")
 PARTS_DIR = "parts"
+# Checks a notebook of the set runs on its own (with its figure); the verify notebook leaves them to it in a batch.
+NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}
+VERIFY_NOTEBOOK = "03_verify"
 CELL_TIMEOUT_S = 1800
 Say = Callable[[str], None]
 
@@ -392,6 +395,19 @@ def _verified_note(results: RunResults, launched: bool) -> str:
             "Requests went to the OpenAI-compatible API.")
 
 
+def verify_checks(recipe: Recipe, sources: list[Path]) -> list[str] | None:
+    """The checks the verify notebook runs in a batch: every check that applies to the recipe (the CLI's default),
+    less those another notebook of the same batch runs with its own figure, so no check runs twice. None when the
+    batch runs no such notebook (the notebook's own default then holds)."""
+    from .checks import selected_checks
+
+    stems = {p.stem for p in sources}
+    covered = {name for nb, names in NOTEBOOK_CHECKS.items() if nb in stems for name in names}
+    if VERIFY_NOTEBOOK not in stems or not covered:
+        return None
+    return [s.name for s in selected_checks(None, recipe) if s.name not in covered]
+
+
 def run_batch(
     recipe: Recipe,
     base_url: str,
@@ -415,6 +431,9 @@ def run_batch(
     session = open_session(recipe, base_url, run_dir, hardware)
     start = snapshot_server(session.endpoint)
     common = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
+    checks = verify_checks(recipe, sources)
+    if checks is not None:
+        common["CHECKS"] = checks  # only the verify notebook declares CHECKS; --param CHECKS=... still wins
     for number, source in enumerate(sources, 1):
         say(f"[{number}/{len(sources)}] {source.stem} ...")
         given = {**common, **(parameters or {})}
