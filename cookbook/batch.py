@@ -26,7 +26,7 @@ from .endpoint import Endpoint
 from .errors import CookbookError
 from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
-from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
+from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe, render_launch_block
 from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, run_hardware, write_results
 from .secrets import mask, secret_values
 
@@ -270,6 +270,29 @@ class BatchSummary(BaseModel):
     secrets_masked: list[str] = Field(default_factory=list, description="Files in which a secret value was masked")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: server_start_s, notebooks_s ...")
 
+    checks_run: int = Field(0, description="Checks in the run's results")
+    checks_not_met: list[str] = Field(default_factory=list, description="Checks that did not meet the recipe")
+    checks_inconclusive: list[str] = Field(default_factory=list, description="Checks that proved nothing either way")
+
+    def count_checks(self, results: RunResults) -> None:
+        self.checks_run = len(results.checks)
+        self.checks_not_met = [c.name for c in results.checks if not c.ok]
+        self.checks_inconclusive = [c.name for c in results.checks if c.status == "inconclusive"]
+
+    @property
+    def headline(self) -> str:
+        """The summary's first line: how many checks did not meet the recipe, then whether the notebooks ran."""
+        if self.checks_run:
+            checks = f"{len(self.checks_not_met)} of {self.checks_run} checks did not meet the recipe"
+            if self.checks_not_met:
+                checks += f" ({', '.join(self.checks_not_met)})"
+            if self.checks_inconclusive:
+                checks += f", {len(self.checks_inconclusive)} inconclusive ({', '.join(self.checks_inconclusive)})"
+        else:
+            checks = "no checks ran"
+        ran = f"all {len(self.notebooks)} notebooks ran" if self.ok else f"notebooks failed: {', '.join(self.failed)}"
+        return f"{checks}; {ran}"
+
     @property
     def failed(self) -> list[str]:
         return [n.name for n in self.notebooks if n.status != "ok"]
@@ -389,8 +412,11 @@ def whole_run_health(session: Session, start: RunStart) -> CheckResult:
 
 
 def _verified_note(results: RunResults, launched: bool) -> str:
-    how = ("with exactly the launch command above, started by the cookbook (the fixes applied at start-up)"
-           if launched else "against a server this run attached to (started outside the run)")
+    """The run's note. A launched run records its Launch block beside it (`RunResults.launch_block`), and pages and
+    reports keep the 'exactly the launch command above' wording only where they show that block."""
+    how = ("with exactly the launch command above (on the host and port the run chose), started by the cookbook "
+           "(the fixes applied at start-up)"
+           if launched else "against a server this run attached to (started outside the run, with a command it did not record)")
     return (f"On {results.image or 'an unnamed image'}, {results.hardware.description}, {how}. "
             "Requests went to the OpenAI-compatible API.")
 
@@ -448,7 +474,11 @@ def run_batch(
         results = results.model_copy(update={"checks": [health if c.name == health.name else c for c in results.checks]})
     session.close()
     if results is not None:
-        results = results.model_copy(update={"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)})
+        update: dict[str, Any] = {"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)}
+        if launched:
+            update["launch_block"] = render_launch_block(recipe)
+        results = results.model_copy(update=update)
+        summary.count_checks(results)
         summary.results = write_results(results, run_dir / "results.json").name
         summary.page = write_atomic(run_dir / "page.md", render_page(recipe, results)).name
     summary.finished_at = now()

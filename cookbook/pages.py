@@ -94,11 +94,37 @@ def performance_rows(results: RunResults) -> list[Row]:
     return rows
 
 
-def verified_note(results: RunResults) -> str:
-    """The sentence under Verified: always names the hardware and image that produced the results."""
-    if results.verified_note:
-        return results.verified_note
+# A note that says the run used "exactly the launch command above" is kept only where that very block is shown.
+LAUNCH_CLAIM = "launch command above"
+
+
+def published_label(results: RunResults) -> str | None:
+    """For results that came with the recipe (`source: published`): said in so many words, with the hardware and
+    image that produced them; None for results this checkout measured."""
+    if results.source != "published":
+        return None
     image = results.image or "an image the results do not name"
+    return (f"Published results: they came with this recipe and were not reproduced by this checkout "
+            f"(measured by the recipe's authors on {results.hardware.description}, {image}).")
+
+
+def shows_run_command(results: RunResults, shown_launch: str | None) -> bool:
+    """True when the page or report shows the very Launch block the run started its server with."""
+    return bool(results.launch_block) and shown_launch is not None and results.launch_block == shown_launch
+
+
+def verified_note(results: RunResults, shown_launch: str | None = None) -> str:
+    """The sentence under Verified: always names the hardware and image that produced the results. A note that
+    claims 'exactly the launch command above' stands only when `shown_launch` (the block shown above it) is the
+    one the run recorded; otherwise it is replaced by one that says the command is not shown."""
+    image = results.image or "an image the results do not name"
+    note = results.verified_note
+    if note and LAUNCH_CLAIM in note and not shows_run_command(results, shown_launch):
+        which = "other than the launch block shown here" if results.launch_block else "that the results do not record"
+        note = (f"On {image}, {results.hardware.description}, with a launch command {which}. "
+                "Requests went to the OpenAI-compatible API.")
+    if note:
+        return note
     when = f", {results.started_at[:10]}" if results.started_at else ""
     return f"Measured on {results.hardware.description}, {image}{when}. Requests went to the OpenAI-compatible API."
 
@@ -147,7 +173,8 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
         parts.append(description)
     parts.append(markdown_table(("", ""), glance_rows(recipe)))
 
-    launch = ["## Launch", _launch_intro(recipe), f"```sh\n{render_launch_block(recipe)}```"]
+    shown_launch = render_launch_block(recipe)
+    launch = ["## Launch", _launch_intro(recipe), f"```sh\n{shown_launch}```"]
     if recipe.serve.notes:
         launch.append(_bullets(recipe.serve.notes))
     parts += launch
@@ -167,7 +194,10 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
     if results is None:
         parts.append(f"No results for this recipe yet: `cookbook run {recipe.id}` measures them.")
     else:
-        parts.append(verified_note(results))
+        label = published_label(results)
+        if label:
+            parts.append(label)
+        parts.append(verified_note(results, shown_launch))
         if results.checks:
             parts.append(markdown_table(("Check", "Result"), verified_rows(results)))
         else:
@@ -176,7 +206,11 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
             parts.append(f"KV pool at start-up: {results.kv_pool_tokens:,} tokens.")
 
     if results is not None and results.performance:
-        parts += ["## Performance", performance_note(results)]
+        parts.append("## Performance")
+        label = published_label(results)
+        if label:
+            parts.append(label)
+        parts.append(performance_note(results))
         parts.append(markdown_table(("Test", "Result"), performance_rows(results)))
 
     if recipe.known_issues:
