@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import RecipeError
+from .lint import LintRule
 from .secrets import MASK, is_secret_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -181,6 +182,10 @@ class Recipe(_Strict):
     known_issues: list[str] = Field(default_factory=list)
     do_not: list[str] = Field(default_factory=list, description="What not to do")
     verification: Verification = Field(default_factory=Verification)
+    lint: list[LintRule] = Field(
+        default_factory=list, description="Rules this recipe declares for itself (cookbook.lint's schema), checked "
+        "by `cookbook recipe validate` beside the seeds' rules"
+    )
 
     @field_validator("environment", mode="before")
     @classmethod

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import yaml
 
+from ..lint import lint_recipe
 from ..recipes import list_recipes, load_recipe, render_launch_block
 
 
@@ -15,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="a recipe as validated YAML")
     show.add_argument("recipe", metavar="ID")
     show.set_defaults(run=_show)
-    validate = sub.add_parser("validate", help="exit 0 if valid, else one line naming file and field, exit 2")
+    validate = sub.add_parser(
+        "validate", help="schema, fix pack and the seeds' What-not-to-do rules: exit 0 if valid (warnings shown), else 2")
     validate.add_argument("recipe", metavar="PATH|ID")
     validate.set_defaults(run=_validate)
     script = sub.add_parser("launch-script", help="the recipe's Launch block, as the recipe page shows it")
@@ -40,7 +43,15 @@ def _show(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
-    print(f"ok: {recipe.path} ({recipe.id})")
+    findings = lint_recipe(recipe)
+    for finding in findings:
+        print(finding.line(recipe.path), file=sys.stderr if finding.severity == "error" else sys.stdout)
+    errors = sum(f.severity == "error" for f in findings)
+    if errors:
+        print(f"invalid: {recipe.path} ({recipe.id}): {errors} lint error(s)", file=sys.stderr)
+        return 2
+    warned = len(findings)
+    print(f"ok: {recipe.path} ({recipe.id})" + (f", {warned} warning(s)" if warned else ""))
     return 0
 
 
