@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
+from ..container import ContainerSpec, parse_devices, render_docker_run
 from ..lint import lint_recipe
 from ..recipes import list_recipes, load_recipe, render_launch_block
 
@@ -24,6 +26,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     script = sub.add_parser("launch-script", help="the recipe's Launch block, as the recipe page shows it")
     script.add_argument("recipe", metavar="ID")
     script.set_defaults(run=_launch_script)
+    container = sub.add_parser("container", help="the `docker run` that starts a Gaudi recipe's vllm-gaudi container")
+    container.add_argument("recipe", metavar="ID")
+    container.add_argument("--image", help="the vllm-gaudi image (default vllm-gaudi:<the recipe's tag>)")
+    container.add_argument("--devices", metavar="I,J", help="card indices to make visible (default the first N)")
+    container.add_argument("--port", type=int, default=8000, help="host port for the server (default 8000)")
+    container.add_argument("--checkout", type=Path, help="the cookbook checkout to mount (default this one)")
+    container.add_argument("--hf-cache", type=Path, help="the Hugging Face cache to mount (default $HF_HOME or ~/.cache/huggingface)")
+    container.set_defaults(run=_container)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -57,4 +67,15 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _launch_script(args: argparse.Namespace) -> int:
     print(render_launch_block(load_recipe(args.recipe)), end="")
+    return 0
+
+
+def _container(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe)
+    spec = ContainerSpec(image=args.image, port=args.port, devices=parse_devices(args.devices))
+    if args.checkout is not None:
+        spec.checkout = args.checkout.resolve()
+    if args.hf_cache is not None:
+        spec.hf_cache = args.hf_cache.resolve()
+    print(render_docker_run(recipe, spec), end="")
     return 0
