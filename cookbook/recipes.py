@@ -174,6 +174,7 @@ class Recipe(_Strict):
     image: Image
     precision: Precision
     context_note: str = Field("", description="Shown after the context length, e.g. 'native'")
+    variant: str = Field("", description="The page header's Variant line: which weights on which cards")
     environment: dict[str, str] = Field(default_factory=dict, description="Exported before serving, in order")
     fixes: Fixes
     serve: Serve
