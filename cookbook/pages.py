@@ -189,7 +189,7 @@ HARDWARE_NAMES = {"gaudi2": "Gaudi 2", "gaudi3": "Gaudi 3", "cpu": "CPU"}
 def _params(count: float) -> str:
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
         if count >= size:
-            return f"{count / size:.0f}{unit}"
+            return f"{int(count / size + 0.5)}{unit}"
     return f"{count:.0f}"
 
 
@@ -222,7 +222,7 @@ def header_lines(recipe: Recipe, results: RunResults | None) -> list[str]:
     if recipe.variant:
         card += ["**Variant**", recipe.variant]
     card += ["**Fixes**", " ".join([f"profile {recipe.fixes.profile}", *recipe.fixes.opt_in]),
-             f"{depends} fixes this configuration depends on; opt-in fixes are named."]
+             f"{depends} fix{'es' if depends != 1 else ''} this configuration depends on; opt-in fixes are named."]
     return card
 
 

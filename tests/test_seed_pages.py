@@ -4,6 +4,7 @@ chosen and named. A stale allowance fails too, so the list stays exactly the dif
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,10 @@ def test_seed_page_sections_in_the_seeds_order(recipe_id: str) -> None:
     if recipe.prefix_caching.enabled:
         assert "[Prefix caching on Gated DeltaNet hybrids](docs/gdn-prefix-caching.md)" in markdown
     assert (f"[Hugging Face](https://huggingface.co/{recipe.model.id})") in markdown
+
+
+def test_the_linked_docs_exist() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for title, target in pages.DOC_LINKS.items():
+        text = (root / target).read_text()
+        assert text.startswith(f"# {title}")
