@@ -26,7 +26,7 @@ from .endpoint import Endpoint
 from .errors import CookbookError
 from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
-from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe, render_launch_block
+from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
 from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, run_hardware, write_results
 from .secrets import mask, secret_values
 
@@ -476,6 +476,8 @@ def run_batch(
     if results is not None:
         update: dict[str, Any] = {"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)}
         if launched:
+            from .recipes import render_launch_block
+
             update["launch_block"] = render_launch_block(recipe)
         results = results.model_copy(update=update)
         summary.count_checks(results)

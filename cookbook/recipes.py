@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .lint import LintRule  # the rule schema only; cookbook.lint imports nothing of this module at load
 from .errors import RecipeError
-from .lint import LintRule
 from .secrets import MASK, is_secret_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
