@@ -104,13 +104,13 @@ class RunResults(BaseModel):
             update={
                 "checks": list(checks.values()),
                 "performance": list(figures.values()),
+                "launch_block": self.launch_block or other.launch_block,
                 "kv_pool_tokens": other.kv_pool_tokens or self.kv_pool_tokens,
                 "artifacts": {**self.artifacts, **other.artifacts},
                 "finished_at": other.finished_at or self.finished_at,
                 "started_at": min(filter(None, [self.started_at, other.started_at]), default=""),
                 "verified_note": self.verified_note or other.verified_note,
                 "performance_note": self.performance_note or other.performance_note,
-                "launch_block": self.launch_block or other.launch_block,
             }
         )
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import yaml
 
-from ..container import ContainerSpec, parse_devices, render_docker_run
-from ..lint import lint_recipe
 from ..recipes import list_recipes, load_recipe, render_launch_block
 
 
@@ -52,6 +50,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from ..lint import lint_recipe
+
     recipe = load_recipe(args.recipe)
     findings = lint_recipe(recipe)
     for finding in findings:
@@ -71,6 +71,8 @@ def _launch_script(args: argparse.Namespace) -> int:
 
 
 def _container(args: argparse.Namespace) -> int:
+    from ..container import ContainerSpec, parse_devices, render_docker_run
+
     recipe = load_recipe(args.recipe)
     spec = ContainerSpec(image=args.image, port=args.port, devices=parse_devices(args.devices))
     if args.checkout is not None:
