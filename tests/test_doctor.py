@@ -145,3 +145,33 @@ def test_a_gaudi_recipe_cannot_run_on_this_box(capsys: pytest.CaptureFixture[str
     assert main(["doctor", CODER]) == 1
     out = capsys.readouterr().out
     assert "FAIL  Gaudi cards" in out and out.rstrip().endswith("cannot run here")
+
+
+def test_a_ready_gaudi_box_passes(tmp_path: Path) -> None:
+    """Everything in place (image as pinned, idle cards, weights cached, a free port): no FAIL, so exit 0."""
+    from cookbook.launch import free_port
+
+    recipe = load_recipe(CODER)
+    profile = load_pack().profile("v0.26.0")
+
+    def reader(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
+        versions = {"vllm-gaudi": {"version": "0.26.0", "commit": None}, "vllm": {"version": "0.26.0", "commit": None},
+                    "habana-torch-plugin": {"version": "1.24.1.207", "commit": None}}
+        return {"dists": {d: versions.get(d) for d in dists}, "files": {f: profile.files[f] for f in files}}
+
+    snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-Coder-Next" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_secret_value_123"}
+    lines = doctor.diagnose(recipe, port=free_port(), env=env, hl_smi=recorded("gaudi2-8-idle.csv"),
+                            image=ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), reader=reader)
+    assert not doctor.failed(lines), [x.render() for x in lines if x.state == "FAIL"]
+    shown = "\n".join(x.render() for x in lines)
+    assert "hf_secret_value_123" not in shown and "8 card(s), 8 free" in shown
+    busy = doctor.diagnose(recipe, port=free_port(), env=env, hl_smi=recorded("gaudi2-8-five-busy.csv"),
+                           image=ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), reader=reader)
+    assert doctor.failed(busy)
+
+
+def test_doctor_cli_bad_image_python(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", CODER, "--image-python", "/no/such/python"]) == 1
+    assert "--image-python" in capsys.readouterr().err
