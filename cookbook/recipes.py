@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .lint import LintRule  # the rule schema only; cookbook.lint imports nothing of this module at load
 from .errors import RecipeError
 from .secrets import MASK, is_secret_name
 
@@ -224,6 +225,7 @@ class Recipe(_Strict):
     image: Image
     precision: Precision
     context_note: str = Field("", description="Shown after the context length, e.g. 'native'")
+    variant: str = Field("", description="The page header's Variant line: which weights on which cards")
     environment: dict[str, str] = Field(default_factory=dict, description="Exported before serving, in order")
     fixes: Fixes
     serve: Serve
@@ -232,6 +234,10 @@ class Recipe(_Strict):
     known_issues: list[str] = Field(default_factory=list)
     do_not: list[str] = Field(default_factory=list, description="What not to do")
     verification: Verification = Field(default_factory=Verification)
+    lint: list[LintRule] = Field(
+        default_factory=list, description="Rules this recipe declares for itself (cookbook.lint's schema), checked "
+        "by `cookbook recipe validate` beside the seeds' rules"
+    )
 
     @field_validator("environment", mode="before")
     @classmethod

@@ -23,7 +23,7 @@ from cookbook.errors import CookbookError
 from cookbook.endpoint import Endpoint
 from cookbook.faultproxy import FAULTS, BrokenToolStream, Chain, FaultProxy, ForceToolChoice, KillAfter, NoToolCall
 from cookbook.launch import free_port
-from cookbook.recipes import Recipe
+from cookbook.recipes import Recipe, load_recipe
 from cookbook.results import RunResults
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,9 +56,27 @@ def _said(results: RunResults, name: str) -> str:
 
 
 def test_core_checks_in_table_order_with_server_health_last() -> None:
-    core = [s.name for s in selected_checks(None, None)]
+    core = [s.name for s in selected_checks(["core"], None)]
     assert core == CORE
     assert list(CHECKS)[-1] == "server-health"
+
+
+def test_default_selection_is_every_registered_group() -> None:
+    """Issue 11: `cookbook verify --recipe X` runs every check that applies by default, not only the core group;
+    whether one applies is decided per check when it runs (skipped with why), not by leaving it out."""
+    from cookbook.checks.registry import check_groups
+
+    assert {"core", "long-context"} <= set(check_groups())
+    for recipe in (None, load_recipe("Qwen/Qwen3-Coder-Next"), load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")):
+        assert [s.name for s in selected_checks(None, recipe)] == list(CHECKS)
+    assert {"prefix-cache", "needles"} <= {s.name for s in selected_checks(None, load_recipe("Qwen/Qwen3-Coder-Next"))}
+    # --checks core stays the quick path; a group and a check name may be mixed.
+    assert "needles" not in [s.name for s in selected_checks(["core"], None)]
+    mixed = [s.name for s in selected_checks(["long-context", "seed"], None)]
+    assert mixed == [n for n in CHECKS if n == "seed" or CHECKS[n].group == "long-context"]
+    assert {"seed", "prefix-cache", "needles"} <= set(mixed)
+    with pytest.raises(CookbookError, match="--checks: unknown check 'no-such'"):
+        selected_checks(["no-such"], None)
 
 
 def test_every_v0_26_0_fix_names_an_existing_check() -> None:
@@ -82,7 +100,7 @@ def test_concurrency_label_follows_the_recipe(cpu_recipe: Recipe) -> None:
 def test_dead_server_gives_a_full_table_of_not_run_quickly() -> None:
     started = time.monotonic()
     results = run_checks(_ctx(f"http://127.0.0.1:{free_port()}", "m", None))
-    assert [c.status for c in results.checks] == ["not run"] * len(CORE)
+    assert [c.status for c in results.checks] == ["not run"] * len(CHECKS)  # the default is every registered check
     assert all(c.result == "not run: server down" for c in results.checks)
     assert time.monotonic() - started < 10
 
