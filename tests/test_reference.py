@@ -290,3 +290,19 @@ def test_a_run_page_shows_the_oracle_row_labelled_as_the_cookbook_s_own() -> Non
     )
     page = render_page(recipe, results)
     assert f"| {LABEL} | top-1 agreement 10/10 (golden file) |" in page
+
+
+def test_reference_record_refuses_bad_input_in_one_line_and_writes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from cookbook.cli import main
+
+    seed = load_recipe("Qwen/Qwen3-Coder-Next")
+    assert main(["reference", "record", "Qwen/Qwen3-Coder-Next"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no local checkpoint" in err and "--base-url" in err
+    assert not golden_path(seed).exists()
+    assert main(["reference", "record", "Qwen/Qwen3-Coder-Next", "--from", "computed", "--base-url", "http://127.0.0.1:9"]) == 1
+    assert "choose one source" in capsys.readouterr().err
+    assert main(["reference", "record", "no/such-recipe"]) == 2
+    assert main(["reference", "record", "Qwen/Qwen3-Coder-Next", "--base-url", "http://127.0.0.1:9"]) == 1
+    assert "does not answer /health" in capsys.readouterr().err
+    assert not golden_path(seed).exists()
