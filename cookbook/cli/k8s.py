@@ -43,5 +43,6 @@ def run_render(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     for item in items:
         keys = ", ".join(f"{k}{'' if required else ' (optional)'}" for k, required in item.secret_keys.items())
-        print(f"{item.recipe}: Secret {options.secret} with keys {keys}; server at {item.service_url}")
+        print(f"{item.recipe}: Secret {options.secret} with keys {keys}; server at {item.service_url}; "
+              f"kubectl apply -f {Path(args.out) / item.name}/ (docs/kubernetes.md)")
     return 0
