@@ -206,7 +206,7 @@ def test_bash_runs_the_fix_step_then_vllm_serve_exactly(recipe_id: str, tmp_path
     expected = [w.replace(str(REPO_ROOT), "/cookbook") for w in serve_argv(recipe, Path(k8s.SERVER_MODELS))]
     assert serve == expected
     if recipe.serve.weights is not None:  # the prepared weights the init container copies
-        assert f"/shared/models/" in spec["initContainers"][0]["command"][2] and serve[2].startswith(k8s.SERVER_MODELS + "/")
+        assert "/shared/models/" in spec["initContainers"][0]["command"][2] and serve[2].startswith(k8s.SERVER_MODELS + "/")
 
 
 def test_run_job_runs_cookbook_run_against_the_service(rendered: tuple[Any, k8s.RecipeManifests]) -> None:
