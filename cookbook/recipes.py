@@ -106,7 +106,7 @@ class Fixes(_Strict):
 class PreparedWeights(_Strict):
     """Weights that the cookbook builds itself into its cache (CPU recipes), instead of a hub id."""
 
-    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next"]
+    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next", "tiny-gemma3"]
 
 
 class Serve(_Strict):
@@ -143,12 +143,62 @@ class PrefixCaching(_Strict):
 class PrefixCacheExpectation(_Strict):
     logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
     max_logprob_diff: float = Field(0.0, ge=0, description="Allowed max |hit - cold| when 'close'")
-    prompt_tokens: list[int] = Field(description="Prompt lengths in tokens, one prompt each")
+    prompt_tokens: list[int] | None = Field(
+        None, description="Prompt lengths in tokens, one prompt each; omitted: derived from the served context, "
+        "block size and sliding windows"
+    )
 
 
 class NeedleExpectation(_Strict):
-    lengths: list[int] = Field(description="Haystack lengths in tokens")
-    depths: list[float] = Field(description="Needle depths as a fraction of the haystack, 0..1")
+    lengths: list[int] | None = Field(
+        None, description="Haystack lengths in tokens; omitted: the seeds' 24.8 %, 50 % and 93 % of the served context"
+    )
+    depths: list[float] | None = Field(None, description="Needle depths as a fraction of the haystack, 0..1; omitted: 0.1, 0.5, 0.9")
+    value_digits: int = Field(
+        7, ge=4, le=12, description="Digits of each needle's random number: fewer is easier for a small model to copy "
+        "from far back; a lost or altered needle fails either way (exact match)"
+    )
+
+
+class OracleTolerance(_Strict):
+    """How far served logprobs may sit from the reference forward pass (fp32) for one served dtype; set from
+    measurements on a clean server, with a margin, and say where they were measured in `measured`."""
+
+    max_abs_delta: float = Field(gt=0, description="Max |served - reference| logprob of a chosen token (prompt or greedy)")
+    mean_abs_delta: float = Field(gt=0, description="Mean |served - reference| logprob over every compared token")
+    max_topk_divergence: float = Field(
+        gt=0, le=1, description="Max total-variation distance between served and reference top-k at one position"
+    )
+    tie_margin: float = Field(
+        gt=0, description="A flip between tokens the reference puts within this of each other is a tie, not a fail"
+    )
+    min_top1_agreement: float = Field(
+        0.99, gt=0, le=1, description="Share of positions whose argmax agrees with the reference (ties count as agreeing)"
+    )
+    measured: str = Field("", description="The figures these tolerances were set from: where, on what, when")
+
+
+class OracleExpectation(_Strict):
+    """The numerics oracle: served logprobs against a reference forward pass of the same weights."""
+
+    tolerances: dict[Literal["bf16", "fp16", "fp32", "fp8"], OracleTolerance] = Field(
+        default_factory=dict, description="Per served dtype (precision.dtype picks one); else the cookbook's defaults"
+    )
+    golden: str | None = Field(
+        None, description="Golden file relative to the recipe's folder; default reference/golden.json"
+    )
+    max_new_tokens: int = Field(16, gt=0, le=256, description="Greedy tokens compared after each prompt")
+    top_k: int = Field(5, ge=1, le=20, description="Top-k compared (and recorded in a golden file) per position")
+    long_prompt_tokens: int | None = Field(
+        None, gt=0, description="The long prompt's length; default: the served context less the greedy tokens"
+    )
+
+    @field_validator("golden")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError("must be a path inside the recipe's folder (relative, no '..')")
+        return value
 
 
 class Verification(_Strict):
@@ -163,6 +213,7 @@ class Verification(_Strict):
     concurrency: int | None = Field(None, gt=0, description="In-flight requests; default --max-num-seqs")
     prefix_cache: PrefixCacheExpectation | None = None
     needles: NeedleExpectation | None = None
+    oracle: OracleExpectation | None = Field(None, description="The numerics oracle's tolerances and golden file")
 
 
 class Recipe(_Strict):

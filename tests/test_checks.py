@@ -295,3 +295,26 @@ def test_an_inconclusive_check_is_neither_pass_nor_fail(monkeypatch: pytest.Monk
     assert unreached.ok and results.all_ok  # never a fail: verify exits 0 ...
     assert "pass" not in results.check_summary()  # ... and never counted as a pass
     assert results.check_summary().endswith("(inconclusive: t-unreached, t-said-why)")
+
+
+def test_min_tokens_is_inconclusive_when_the_answer_already_runs_past_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose plain answer already runs 32 tokens cannot show min_tokens: inconclusive with why, not a fail."""
+    from cookbook.checks import sampling
+    from cookbook.checks.registry import CheckInconclusive
+
+    ctx = _ctx(f"http://127.0.0.1:{free_port()}", "m", None)
+    probe = sampling.min_tokens_probe(ctx)
+    long = _reply("four " * 40, usage={"completion_tokens": 48})
+    long.body["choices"][0]["finish_reason"] = "length"
+    with pytest.raises(CheckInconclusive, match="already ran 48 tokens"):
+        probe.verify([long, long])
+    short, held = _reply("4", usage={"completion_tokens": 2}), _reply("4 " * 20, usage={"completion_tokens": 40})
+    assert probe.verify([short, held]) is None
+    assert "before min_tokens 32" in probe.verify([short, short]).note  # type: ignore[union-attr]
+
+    # In the burst it is said, never a wrong control: the others still count.
+    monkeypatch.setattr(sampling, "_concurrent_probes", lambda _ctx: [sampling.min_tokens_probe])
+    monkeypatch.setattr(sampling, "chat_all", lambda _ctx, bodies: [long] * len(bodies))
+    outcome = sampling.sampling_concurrent(ctx)
+    assert outcome.passed and "`min_tokens`, which could not show (inconclusive)" in outcome.result
+    assert "inconclusive: without min_tokens the answer already ran 48 tokens" in outcome.evidence[0].note

@@ -12,7 +12,7 @@ import sys
 
 from ..errors import CookbookError
 
-COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "doctor", "k8s"]
+COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "doctor", "reference", "k8s"]
 
 
 def build_parser() -> argparse.ArgumentParser:
