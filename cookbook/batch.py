@@ -28,7 +28,7 @@ from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
 from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
 from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, run_hardware, write_results
-from .secrets import mask, secret_values
+from .secrets import current_secrets, scrub
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as MplFigure
@@ -333,7 +333,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
     except Exception as exc:  # the kernel died, a timeout, a malformed notebook: still one failed notebook
         status, error = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    error = mask(error, secret_values(os.environ))  # the summary is printed and shared: never a secret in it
+    error = scrub(error)  # the summary is printed and shared: never a secret in it
     outcome = NotebookOutcome(name=source.stem, status=status, seconds=round(time.monotonic() - started, 1), error=error)
     if executed.exists():
         from .report import notebook_html
@@ -437,10 +437,10 @@ def run_batch(
     summary.timings["notebooks_s"] = summary.wall_s
     summary.index = "index.html"
     write_index(run_dir, summary, results)
-    masked = mask_secrets(run_dir, secret_values(os.environ))
+    masked = mask_secrets(run_dir, current_secrets())
     summary.secrets_masked = [p.relative_to(run_dir).as_posix() for p in masked]
     write_atomic(run_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")
-    mask_secrets(run_dir, secret_values(os.environ))
+    mask_secrets(run_dir, current_secrets())
     return summary
 
 

@@ -1,0 +1,86 @@
+"""Hostile and unlucky inputs (issue 15): masking that never corrupts, launch blocks that run nothing, inputs refused
+in one line, results files that cannot take a tool down. No server needed; the hostile stand-in servers live in
+tests/test_adversarial_servers.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cookbook import report
+from cookbook.secrets import MASK, is_secret_name, mask_folder, plausible_secret, secret_values
+
+
+# -- 1. masking never corrupts a file ----------------------------------------------------------------------------
+
+
+def test_tokenizers_parallelism_is_not_a_secret() -> None:
+    assert not is_secret_name("TOKENIZERS_PARALLELISM")
+    assert not is_secret_name("KEYBOARD_LAYOUT")
+    for name in ("HF_TOKEN", "OPENAI_API_KEY", "VLLM_API_KEY", "APIKEY", "MY_SECRETS", "HUGGING_FACE_HUB_TOKEN"):
+        assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("value", ["false", "true", "1", "0.5", "12345678", "abc", "password", "disabled", "None"])
+def test_values_that_are_not_plausibly_secret_are_never_searched_for(value: str) -> None:
+    assert not plausible_secret(value)
+    assert secret_values({"MY_TOKEN": value}) == []
+
+
+def test_real_looking_secrets_are(tmp_path: Path) -> None:
+    for value in ("hf_abcdefghijklmnop", "sk-abcdef", "Tr0ub4dor&3", "correcthorsebatterystaple"):
+        assert plausible_secret(value)
+
+
+def _run_folder(tmp_path: Path, secret: str) -> Path:
+    folder = tmp_path / "run"
+    (folder / "parts").mkdir(parents=True)
+    results = {"schema_version": 1, "ok": True, "failed": False, "note": f"token {secret} used", "n": 3,
+               "nested": {"list": [False, True, None, 1.5, f"x{secret}y"]}}
+    (folder / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (folder / "parts" / "03_verify.json").write_text(json.dumps(results, indent=2) + "\n")
+    notebook = {"cells": [{"cell_type": "code", "outputs": [{"text": [f"HF_TOKEN={secret}\n"]}], "source": "x = True"}],
+                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / "03_verify.ipynb").write_text(json.dumps(notebook, indent=1, sort_keys=True) + "\n")
+    (folder / "index.html").write_text(f"<p>{secret}</p>")
+    return folder
+
+
+@pytest.mark.parametrize("secret", ["false", "true", "hf_plain_secret_123", 'hf_quote"back\\slash_123', "hf_ünïcode_secret_1"])
+def test_masking_keeps_every_json_file_valid(tmp_path: Path, secret: str) -> None:
+    folder = _run_folder(tmp_path, secret)
+    before = {p: p.read_text() for p in folder.rglob("*") if p.is_file()}
+    report.mask_secrets(folder, secret_values({"TOKENIZERS_PARALLELISM": secret, "HF_TOKEN": secret}))
+    for path in folder.rglob("*.json"):
+        data = json.loads(path.read_text())  # still valid JSON
+        assert data["ok"] is True and data["failed"] is False and data["n"] == 3
+    json.loads((folder / "03_verify.ipynb").read_text())
+    if plausible_secret(secret):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                text = path.read_text()
+                assert secret not in text and json.dumps(secret)[1:-1] not in text, path
+        assert MASK in (folder / "results.json").read_text()
+    else:
+        assert {p: p.read_text() for p in folder.rglob("*") if p.is_file()} == before  # nothing touched
+
+
+def test_an_escaped_secret_is_masked(tmp_path: Path) -> None:
+    secret = 'sk-quo"te\\back'
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({"echo": f"Authorization {secret}"}))
+    assert json.dumps(secret)[1:-1] in path.read_text() and secret not in path.read_text()
+    report.mask_secrets(tmp_path, [secret])
+    assert json.loads(path.read_text()) == {"echo": f"Authorization {MASK}"}
+
+
+def test_a_binary_file_holding_a_secret_is_kept(tmp_path: Path) -> None:
+    secret = "hf_binary_secret_42"
+    blob = tmp_path / "figure.png"
+    data = b"\x89PNG\r\n\x1a\n\xff\xfe" + secret.encode() + b"\x00tail"
+    blob.write_bytes(data)
+    outcome = mask_folder(tmp_path, [secret])
+    assert blob.exists() and outcome.binary == [blob]
+    kept = blob.read_bytes()
+    assert secret.encode() not in kept and len(kept) == len(data) and kept.endswith(b"\x00tail")
