@@ -23,6 +23,10 @@ RECIPE_FILE = "recipe.yaml"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# A model id is a hub id (org/name) or a path (absolute, ./relative, or under one of the cookbook's placeholders):
+# letters, digits and . _ + - between slashes; nothing a shell would read (quotes, spaces, $, `, ;, newlines).
+_MODEL_ID = re.compile(r"^(?:\$COOKBOOK(?:_MODELS)?/|/|\./)?[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9._+-]+)*$")
+_PLACEHOLDERS = ("$COOKBOOK_MODELS/", "$COOKBOOK/")
 
 FlagValue = Union[bool, int, float, str, list[Union[int, float, str]]]
 
@@ -45,6 +49,16 @@ class ModelFacts(_Strict):
     experts_active: int = Field(0, ge=0, description="Routed experts per token")
     hybrid: bool = Field(False, description="Gated DeltaNet / Mamba layers beside attention (hybrid KV cache)")
     tags: list[str] = Field(default_factory=list, description="Badges such as moe, text")
+
+    @field_validator("id")
+    @classmethod
+    def _model_id(cls, value: str) -> str:
+        if not _MODEL_ID.match(value) or len(value) > 300:
+            raise ValueError(
+                f"{value!r} cannot be a model name or path (a hub id such as org/name, or a path of letters, digits, "
+                ". _ + - and slashes)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _active_within_total(self) -> "ModelFacts":
@@ -415,24 +429,26 @@ def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
     else:
         lines.append(f"# Fixes: the {recipe.fixes.profile} profile, in the pack's order.")
     lines.append("# Stops with a non-zero exit code if the image does not match.")
-    fix_args = " ".join(shell_value(a) for a in fix_command(recipe))
+    fix_args = " ".join(shell_word(a) for a in fix_command(recipe))
     lines.append(f'python3 "$COOKBOOK/fixes/apply_all.py" {fix_args} || exit 1')
     lines.append("")
-    model = model_argument(recipe)
-    model_word = f'"{model}"' if model.startswith("$COOKBOOK") else shell_value(model)
-    serve_lines = [f"vllm serve {model_word}"]
+    serve_lines = [f"vllm serve {shell_word(model_argument(recipe))}"]
     for name, value in recipe.serve.flags.items():
         words = flag_args(name, value)
-        rendered = [words[0], *(_flag_value_word(w) for w in words[1:])]
+        rendered = [words[0], *(shell_word(w) for w in words[1:])]
         serve_lines.append("  " + " ".join(rendered))
     lines.append(" \\\n".join(serve_lines))
     return "\n".join(lines) + "\n"
 
 
-def _flag_value_word(word: str) -> str:
-    # Files shipped with the cookbook are written relative to the checkout as "$COOKBOOK/...".
-    if word.startswith("$COOKBOOK/") and "'" not in word and '"' not in word and "`" not in word:
-        rest = word[len("$COOKBOOK/"):]
-        if shell_value(rest) == rest:
-            return f'"$COOKBOOK/{rest}"'
+def shell_word(word: str) -> str:
+    """One word of the Launch block, quoted the same way wherever it stands (model, flag value, fix argument): the
+    cookbook's placeholders ($COOKBOOK/..., $COOKBOOK_MODELS/...) stay expandable, everything after them is quoted,
+    so no value can run anything."""
+    for placeholder in _PLACEHOLDERS:
+        if word.startswith(placeholder):
+            name, rest = placeholder[:-1], word[len(placeholder):]
+            if rest and shell_value(rest) == rest:
+                return f'"{name}/{rest}"'
+            return f'"{name}"/{shell_value(rest)}'
     return shell_value(word)

@@ -84,3 +84,73 @@ def test_a_binary_file_holding_a_secret_is_kept(tmp_path: Path) -> None:
     assert blob.exists() and outcome.binary == [blob]
     kept = blob.read_bytes()
     assert secret.encode() not in kept and len(kept) == len(data) and kept.endswith(b"\x00tail")
+
+
+# -- 2. no shell injection through the recipe ----------------------------------------------------------------------
+
+import subprocess  # noqa: E402
+
+import yaml  # noqa: E402
+
+from cookbook.errors import RecipeError  # noqa: E402
+from cookbook.recipes import RECIPES_DIR, load_recipe, load_recipe_file, render_launch_block  # noqa: E402
+
+CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _variant(tmp_path: Path, mutate, base: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> Path:
+    data = yaml.safe_load((RECIPES_DIR / base / "recipe.yaml").read_text())
+    mutate(data)
+    path = tmp_path / "Org" / "Model" / "recipe.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _setter(dotted: str, value):
+    def mutate(data):
+        *parents, last = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[last] = value
+
+    return mutate
+
+
+INJECTIONS = ['$COOKBOOK/x"; touch {m}; echo "', "$COOKBOOK$(touch {m})", "$COOKBOOK/`touch {m}`", "org/m; touch {m}",
+              "$(touch {m})", "org/model name", "-rf", "org/model\ntouch {m}"]
+
+
+@pytest.mark.parametrize("template", INJECTIONS)
+def test_a_model_id_that_cannot_be_a_model_is_refused(tmp_path: Path, template: str) -> None:
+    marker = tmp_path / "pwned"
+    path = _variant(tmp_path, _setter("model.id", template.format(m=marker)), base="Qwen/Qwen3-Coder-Next")
+    with pytest.raises(RecipeError) as info:
+        load_recipe_file(path)
+    assert "model.id" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["$COOKBOOK/models/a b", '$COOKBOOK/x"; touch {m}; echo "', "$COOKBOOK_MODELS/$(touch {m})",
+                                   "$COOKBOOK/a'b", "plain/$(touch {m})"])
+def test_every_launch_word_is_quoted_the_same_way(tmp_path: Path, value: str) -> None:
+    marker = tmp_path / "pwned"
+    value = value.format(m=marker)
+
+    def mutate(data):
+        data["serve"]["flags"]["chat-template"] = value
+        data["serve"]["flags"]["served-model-name"] = value
+
+    block = render_launch_block(load_recipe_file(_variant(tmp_path, mutate)))
+    serve = block[block.index("vllm serve"):]
+    script = "COOKBOOK=/ck; COOKBOOK_MODELS=/models\n" + serve.replace("vllm serve", "printf '%s\\n'", 1)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert not marker.exists()
+    expected = value.replace("$COOKBOOK_MODELS", "/models") if value.startswith("$COOKBOOK_MODELS/") else (
+        value.replace("$COOKBOOK", "/ck", 1) if value.startswith("$COOKBOOK/") else value)
+    assert out.stdout.splitlines().count(expected) == 2, out.stdout
+
+
+def test_the_cpu_recipes_model_word_still_expands(tmp_path: Path) -> None:
+    block = render_launch_block(load_recipe(CPU))
+    assert 'vllm serve "$COOKBOOK_MODELS/smollm2-135m-instruct"' in block
