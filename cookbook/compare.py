@@ -6,6 +6,7 @@ metrics are shown without a verdict. Runs from different hardware are compared, 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -107,8 +108,13 @@ def compare_runs(a: RunResults, b: RunResults, threshold: float = DEFAULT_THRESH
             vb = fb.metrics.get(metric)
             if va is None or vb is None:
                 continue
-            change = (vb - va) / va if va else None
             better = better_direction(metric)
+            if not (math.isfinite(va) and math.isfinite(vb)):
+                # NaN or infinity is a broken measurement, never "no change": counted as a regression
+                deltas.append(Delta(figure=fa.name, label=fb.label, metric=metric, before=va, after=vb, change=None,
+                                    better=better, regression=True))
+                continue
+            change = (vb - va) / va if va else None
             if better is None and va == vb:
                 continue  # an unchanged count (streams, tokens asked for) says nothing
             worse = change is not None and better is not None and (

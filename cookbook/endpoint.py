@@ -9,20 +9,45 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from .errors import ServerDown, ServerError
+from .errors import ServerDown, ServerError, UsageError
+from .secrets import register_secret, strip_url_credentials
 
 DEFAULT_TIMEOUT_S = 60.0
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
+def parse_base_url(url: str, flag: str = "--base-url") -> tuple[str, tuple[str, str] | None]:
+    """An http(s) server URL as (the root without /v1 and without credentials, (user, password) or None).
+    Anything else (no scheme or host, another scheme, a bad port, a broken IPv6 literal) is refused in one line."""
+    text = str(url).strip()
+    shown = strip_url_credentials(text)
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {shown!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{flag}: {shown!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)")
+    if parts.query or parts.fragment or any(c.isspace() for c in text):
+        raise UsageError(f"{flag}: {shown!r}: a server URL has no spaces, query or fragment")
+    auth = None
+    if parts.username is not None or parts.password is not None:
+        auth = (unquote(parts.username or ""), unquote(parts.password or ""))
+        register_secret(auth[1])
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = host + (f":{port}" if port is not None else "")
+    root = urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
+    return (root[: -len("/v1")] if root.endswith("/v1") else root), auth
+
+
 def normalize_base_url(url: str) -> str:
-    """Accept http://host:port or http://host:port/v1; keep the server root (without /v1)."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    """Accept http://host:port or http://host:port/v1; keep the server root (without /v1 and credentials)."""
+    return parse_base_url(url)[0]
 
 
 @dataclass(frozen=True)
@@ -78,9 +103,11 @@ class Endpoint:
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = DEFAULT_TIMEOUT_S
     _http: httpx.Client | None = field(default=None, repr=False, compare=False)
+    _auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.base_url = normalize_base_url(self.base_url)
+        # The URL shown and written everywhere carries no credentials; they are kept aside for the requests.
+        self.base_url, self._auth = parse_base_url(self.base_url)
 
     @property
     def api_url(self) -> str:

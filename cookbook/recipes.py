@@ -6,8 +6,11 @@ any mistake. Rendering turns it into the seed pages' Launch block, byte for byte
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 import shlex
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -28,6 +31,14 @@ _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _MODEL_ID = re.compile(r"^(?:\$COOKBOOK(?:_MODELS)?/|/|\./)?[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9._+-]+)*$")
 _PLACEHOLDERS = ("$COOKBOOK_MODELS/", "$COOKBOOK/")
 
+# Bounds that keep a recipe's numbers sane: a length or count of tokens, a fraction.
+MAX_TOKENS = 100_000_000
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# Integer serve flags the cookbook reads, with their sane ranges.
+INT_FLAGS = {"max-model-len": (1, MAX_TOKENS), "max-num-seqs": (1, 65_536), "tensor-parallel-size": (1, 4096),
+             "block-size": (1, 65_536), "max-num-batched-tokens": (1, MAX_TOKENS)}
+
 FlagValue = Union[bool, int, float, str, list[Union[int, float, str]]]
 
 
@@ -42,11 +53,11 @@ class ModelFacts(_Strict):
     architecture: str = Field(description="config.json architecture, e.g. Qwen3NextForCausalLM")
     summary: str = Field(description="One sentence for the page's title block")
     description: str = Field(description="The Guide paragraph: layers, experts, precision, context, cards")
-    params_total: float = Field(gt=0, description="Total parameters")
-    params_active: float = Field(gt=0, description="Parameters active per token (= total for dense models)")
-    bytes_per_weight: float = Field(gt=0, description="2 for BF16, 1 for FP8")
-    experts_total: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 for dense models")
-    experts_active: int = Field(0, ge=0, description="Routed experts per token")
+    params_total: float = Field(gt=0, le=1e15, allow_inf_nan=False, description="Total parameters")
+    params_active: float = Field(gt=0, le=1e15, allow_inf_nan=False, description="Parameters active per token (= total for dense models)")
+    bytes_per_weight: float = Field(gt=0, le=8, allow_inf_nan=False, description="2 for BF16, 1 for FP8")
+    experts_total: int = Field(0, ge=0, le=100_000, description="Routed experts per MoE layer; 0 for dense models")
+    experts_active: int = Field(0, ge=0, le=100_000, description="Routed experts per token")
     hybrid: bool = Field(False, description="Gated DeltaNet / Mamba layers beside attention (hybrid KV cache)")
     tags: list[str] = Field(default_factory=list, description="Badges such as moe, text")
 
@@ -71,8 +82,8 @@ class ModelFacts(_Strict):
 
 class Hardware(_Strict):
     kind: Literal["gaudi2", "gaudi3", "cpu"] = Field(description="What the recipe was verified on")
-    cards: int = Field(ge=1, description="Cards (or CPU sockets) used")
-    tensor_parallel: int = Field(1, ge=1)
+    cards: int = Field(ge=1, le=4096, description="Cards (or CPU sockets) used")
+    tensor_parallel: int = Field(1, ge=1, le=4096)
     expert_parallel: bool = False
     description: str = Field(description="Human label, e.g. '4x Gaudi 2 (TP 4)'")
 
@@ -103,7 +114,7 @@ class Image(_Strict):
 
 class Precision(_Strict):
     dtype: Literal["bf16", "fp8", "fp32", "fp16"]
-    weights_gb: float = Field(gt=0, description="Size of the weights on disk in GB")
+    weights_gb: float = Field(gt=0, le=1e6, allow_inf_nan=False, description="Size of the weights on disk in GB")
     description: str = Field(description="Page label, e.g. 'BF16 (159 GB of weights)'")
 
 
@@ -155,13 +166,13 @@ class PrefixCaching(_Strict):
 
 class PrefixCacheExpectation(_Strict):
     logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
-    max_logprob_diff: float = Field(0.0, ge=0, description="Allowed max |hit - cold| when 'close'")
-    prompt_tokens: list[int] = Field(description="Prompt lengths in tokens, one prompt each")
+    max_logprob_diff: float = Field(0.0, ge=0, allow_inf_nan=False, description="Allowed max |hit - cold| when 'close'")
+    prompt_tokens: list[Tokens] = Field(description="Prompt lengths in tokens, one prompt each")
 
 
 class NeedleExpectation(_Strict):
-    lengths: list[int] = Field(description="Haystack lengths in tokens")
-    depths: list[float] = Field(description="Needle depths as a fraction of the haystack, 0..1")
+    lengths: list[Tokens] = Field(description="Haystack lengths in tokens")
+    depths: list[Fraction] = Field(description="Needle depths as a fraction of the haystack, 0..1")
 
 
 class Verification(_Strict):
@@ -214,6 +225,16 @@ class Recipe(_Strict):
         for needed in ("max-model-len", "max-num-seqs"):
             if needed not in flags:
                 raise ValueError(f"serve.flags needs {needed}")
+        for name, (low, high) in INT_FLAGS.items():
+            value = flags.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                raise ValueError(f"serve.flags.{name}: expected a whole number from {low} to {high:,}, got {shown}")
+        for name, value in flags.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"serve.flags.{name}: expected a finite number, got {value}")
         caching_flag = flags.get("enable-prefix-caching")
         if caching_flag is not None and caching_flag is not self.prefix_caching.enabled:
             raise ValueError("prefix_caching.enabled disagrees with serve.flags.enable-prefix-caching")
@@ -280,14 +301,11 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
     path = Path(path)
     if path.is_dir():
         path = path / RECIPE_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: no such recipe file") from None
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    text = _read_recipe_text(path)
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
@@ -304,8 +322,37 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _first_error(path, exc) from None
+    except RecursionError:
+        raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     _check_against_fix_pack(recipe)
     return recipe
+
+
+MAX_RECIPE_BYTES = 1 << 20
+
+
+def _read_recipe_text(path: Path) -> str:
+    """The file's text: a regular file (never a FIFO or a device, which could block or never end), at most 1 MiB,
+    UTF-8."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise RecipeError(f"{path}: not a regular file")
+    if info.st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{path}: {info.st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RECIPE_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _id_from_path(path: Path) -> str:
@@ -356,7 +403,12 @@ def load_recipe(ref: str | Path, root: Path = RECIPES_DIR) -> Recipe:
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or candidate.is_dir() or candidate.is_file():
         return load_recipe_file(candidate)
+    parts = Path(str(ref)).parts
+    if not parts or Path(str(ref)).is_absolute() or ".." in parts or "\x00" in str(ref):
+        raise RecipeError(f"recipe {str(ref)!r}: an id is a folder under recipes/, e.g. Qwen/Qwen3-Coder-Next")
     path = root / str(ref) / RECIPE_FILE
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise RecipeError(f"recipe {str(ref)!r}: resolves outside {root}")
     if not path.exists():
         known = ", ".join(p.parent.relative_to(root).as_posix() for p in recipe_paths(root))
         raise RecipeError(f"recipe {ref!r} not found under {root} (known: {known})")

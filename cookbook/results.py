@@ -168,15 +168,30 @@ def write_results(results: RunResults, path: Path) -> Path:
 
 
 def read_results(path: Path) -> RunResults:
+    """A results file, refused in one line naming the file when it is not one: a folder, not JSON, nested too
+    deeply, or written by a schema version this cookbook does not know."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        if path.exists() and not path.is_file():
+            raise ResultsError(f"{path}: not a file")
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such results file") from None
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read: {exc.strerror}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: nested too deeply to be a results file") from None
     except ValueError as exc:
-        raise ResultsError(f"{path}: not valid JSON ({exc})") from None
+        raise ResultsError(f"{path}: not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: (top level): expected an object of results fields")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise ResultsError(f"{path}: schema_version: {str(version)[:40]} is not a version this cookbook reads ({SCHEMA_VERSION})")
     try:
         return RunResults.model_validate(data)
+    except RecursionError:
+        raise ResultsError(f"{path}: nested too deeply to be a results file") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])

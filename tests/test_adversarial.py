@@ -154,3 +154,138 @@ def test_every_launch_word_is_quoted_the_same_way(tmp_path: Path, value: str) ->
 def test_the_cpu_recipes_model_word_still_expands(tmp_path: Path) -> None:
     block = render_launch_block(load_recipe(CPU))
     assert 'vllm serve "$COOKBOOK_MODELS/smollm2-135m-instruct"' in block
+
+
+# -- 7. inputs that passed validation and failed later, or failed with a traceback ---------------------------------
+
+import math  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+
+from cookbook.cli import main  # noqa: E402
+from cookbook.compare import compare_runs  # noqa: E402
+from cookbook.errors import ResultsError  # noqa: E402
+from cookbook.results import Figure, Hardware, RunResults, read_results, write_results  # noqa: E402
+
+BAD_FIELDS = [
+    ("serve.flags.max-num-seqs", -5), ("serve.flags.max-num-seqs", 0), ("serve.flags.max-num-seqs", 10**400),
+    ("serve.flags.max-model-len", "abc"), ("serve.flags.max-model-len", 0), ("model.params_total", math.inf),
+    ("model.params_active", math.nan), ("precision.weights_gb", math.inf), ("serve.flags.tensor-parallel-size", "x"),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_FIELDS, ids=[f"{f}={str(v)[:12]}" for f, v in BAD_FIELDS])
+def test_recipe_fields_have_sane_ranges(tmp_path: Path, field: str, value, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _variant(tmp_path, _setter(field, value))
+    code = main(["recipe", "validate", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {path}: ") and field.split(".")[-1] in err[0], err
+
+
+def _cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    code = main(argv)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_non_utf8_recipe_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(b"title: caf\xe9\n")
+    code, err = _cli_error(["recipe", "validate", str(path)], capsys)
+    assert code == 2 and len(err) == 1 and str(path) in err[0] and "UTF-8" in err[0]
+
+
+def test_deep_yaml_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("title: " + "[" * 5000 + "]" * 5000 + "\n")
+    code, err = _cli_error(["recipe", "validate", str(path)], capsys)
+    assert code == 2 and len(err) == 1 and str(path) in err[0] and "deep" in err[0]
+
+
+def test_a_fifo_named_recipe_yaml_does_not_block(tmp_path: Path) -> None:
+    fifo = tmp_path / "recipe.yaml"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_recipe_file(fifo)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():  # unblock the reader before failing
+        with open(fifo, "w") as handle:
+            handle.write("x: 1\n")
+        thread.join(5)
+        pytest.fail("loading a FIFO blocked")
+    assert isinstance(outcome[0], RecipeError) and "not a regular file" in str(outcome[0])
+
+
+@pytest.mark.parametrize("ref", ["../tests", "Qwen/../../tests", "HuggingFaceTB/../../../tmp/x", "/etc"])
+def test_recipe_ids_cannot_leave_the_recipes_folder(ref: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # so that the reference is read as an id, not as a folder beside the caller
+    with pytest.raises(RecipeError) as info:
+        load_recipe(ref)
+    assert ref in str(info.value)
+
+
+def _results(**metrics: float) -> RunResults:
+    figure = Figure(name="single-stream", label="One stream", result="x", metrics=dict(metrics))
+    return RunResults(recipe="r", model="m", hardware=Hardware(kind="cpu", description="box"), performance=[figure])
+
+
+def test_deep_json_results_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ResultsError) as info:
+        read_results(path)
+    assert str(path) in str(info.value) and "deep" in str(info.value)
+
+
+def test_a_results_json_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run" / "results.json").mkdir(parents=True)
+    write_results(_results(tokens_per_s=1.0), tmp_path / "b.json")
+    code, err = _cli_error(["compare", str(tmp_path / "run"), str(tmp_path / "b.json")], capsys)
+    assert code == 2 and len(err) == 1 and "results.json" in err[0] and "not a file" in err[0]
+
+
+def test_an_unknown_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    data = json.loads(_results().model_dump_json())
+    data["schema_version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsError) as info:
+        read_results(path)
+    assert "schema_version" in str(info.value) and "99" in str(info.value)
+
+
+@pytest.mark.parametrize("before,after", [(10.0, math.nan), (math.nan, 10.0), (10.0, math.inf)])
+def test_a_nan_metric_is_a_regression(before: float, after: float) -> None:
+    comparison = compare_runs(_results(tokens_per_s=before, requests=3), _results(tokens_per_s=after, requests=3))
+    assert not comparison.ok and [d.metric for d in comparison.regressions] == ["tokens_per_s"]
+
+
+BAD_FLAGS = [
+    (["verify", "--base-url", "not a url"], "--base-url"),
+    (["verify", "--base-url", "ftp://127.0.0.1:9"], "--base-url"),
+    (["verify", "--base-url", "http://[::1"], "--base-url"),
+    (["verify", "--base-url", "http://127.0.0.1:99999"], "--base-url"),
+    (["verify", "--base-url", "http://127.0.0.1:9", "--timeout", "nan"], "--timeout"),
+    (["verify", "--base-url", "http://127.0.0.1:9", "--timeout", "inf"], "--timeout"),
+    (["verify", "--base-url", "http://127.0.0.1:9", "--model", "m", "--param", "concurrency=abc"], "--param"),
+    (["verify", "--base-url", "http://127.0.0.1:9", "--model", "m", "--param", "concurrency=0"], "--param"),
+    (["verify", "--base-url", "http://127.0.0.1:9", "--model", "m", "--param", "needle_depths=2"], "--param"),
+    (["bench", "--base-url", "not a url"], "--base-url"),
+    (["bench", "--base-url", "http://127.0.0.1:9", "--timeout", "nan"], "--timeout"),
+    (["run", CPU, "--base-url", "ftp://x"], "--base-url"),
+    (["compare", "a", "b", "--threshold", "nan"], "--threshold"),  # exit 1, as compare's other threshold errors
+]
+
+
+@pytest.mark.parametrize("argv,flag", BAD_FLAGS, ids=[" ".join(a[:1] + a[-2:]) for a, _ in BAD_FLAGS])
+def test_bad_flags_are_one_line_naming_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _cli_error(argv, capsys)
+    assert code == (1 if argv[0] == "compare" else 2) and len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err

@@ -248,3 +248,32 @@ def verified_table(results: RunResults) -> str:
     if results.kv_pool_tokens is not None:
         rows += ["", f"KV pool at start-up: {results.kv_pool_tokens:,} tokens."]
     return "\n".join(rows) + "\n"
+
+
+# Check parameters (verify's --param) whose values the checks rely on: name -> (kind, low, high).
+_PARAM_RANGES: dict[str, tuple[type, float, float]] = {
+    "concurrency": (int, 1, 4096),
+    "needle_lengths": (int, 1, 100_000_000),
+    "needle_depths": (float, 0, 1),
+    "prefix_cache_prompt_tokens": (int, 1, 100_000_000),
+}
+
+
+def check_params(params: dict[str, Any], flag: str = "--param") -> dict[str, Any]:
+    """Refuse, in one line naming the parameter, a value a check could not use (concurrency=abc, concurrency=0 would
+    pass the concurrent check with zero requests, a depth of 2)."""
+    from ..errors import UsageError
+
+    for name, (kind, low, high) in _PARAM_RANGES.items():
+        if name not in params:
+            continue
+        values = params[name] if isinstance(params[name], list) else [params[name]]
+        for value in values:
+            number_ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+            if kind is int:
+                number_ok = number_ok and float(value).is_integer()
+            if not number_ok or not low <= value <= high:
+                what = "a whole number" if kind is int else "a number"
+                raise UsageError(f"{flag}: {name}: expected {what} from {low:g} to {high:g}, got {str(value)[:40]!r}")
+        params[name] = [kind(v) for v in values] if isinstance(params[name], list) else kind(params[name])
+    return params

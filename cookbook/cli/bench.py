@@ -3,13 +3,14 @@ the sweep and the roofline, printed; optionally as results JSON and PNG figures.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 from ..batch import parse_hardware
 from ..bench import TABLE, WORKLOADS, BenchConfig, format_report, run_performance_table
-from ..errors import CookbookError
+from ..errors import CookbookError, UsageError
 from ..plots import save_run_plots
 from ..results import write_results
 from ..roofline import roofline_rows
@@ -51,10 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output_tokens <= 0 or (args.streams is not None and args.streams <= 0):
+        raise UsageError("--output-tokens and --streams must be positive")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
     recipe = recipe_from(args)
     endpoint = endpoint_from(args, recipe)
-    if args.output_tokens <= 0 or (args.streams is not None and args.streams <= 0) or args.timeout <= 0:
-        raise CookbookError("--output-tokens, --streams and --timeout must be positive")
     config = BenchConfig(
         output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout
     )

@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.threshold < 1000:
+    if not 0 <= args.threshold < 1000:  # NaN fails this too
         raise CookbookError(f"--threshold: expected a percentage between 0 and 1000, got {args.threshold:g}")
     a, b = load_run(args.run_a), load_run(args.run_b)
     comparison = compare_runs(a, b, args.threshold / 100, (str(args.run_a), str(args.run_b)))

@@ -6,14 +6,15 @@ limitation of the recipe's model, or does not apply. The JSON is written even wh
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 from ..checks import CheckContext, run_checks, selected_checks
-from ..checks.registry import verified_table
+from ..checks.registry import check_params, verified_table
 from ..endpoint import Endpoint
-from ..errors import CookbookError
+from ..errors import CookbookError, UsageError
 from ..launch import attach
 from ..results import Hardware, RunResults, write_results
 from ._common import add_server_args, recipe_from
@@ -97,8 +98,9 @@ def evidence_lines(results: RunResults) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     names = parse_checks(args.checks)
-    if args.timeout <= 0:
-        raise CookbookError("--timeout: must be a positive number of seconds")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
+    params = check_params(parse_params(args.param))
     recipe = recipe_from(args)
     selected_checks(names, recipe)  # unknown names fail here, before any request
     if not args.base_url:
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         endpoint,
         recipe,
         out_dir=out_dir,
-        params=parse_params(args.param),
+        params=params,
         request_timeout_s=args.timeout,
         hardware=hardware_from(args.hardware),
     )
