@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 from . import recipes as recipes_mod
 from .endpoint import Endpoint, kv_pool_from_metrics
-from .errors import LaunchError, ServerDown
+from .errors import LaunchError, ServerDown, ServerError
 from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, system_image
 from .models import ensure_model, models_dir
 from .recipes import Recipe
@@ -227,7 +227,7 @@ class Server:
         if kv is None:
             try:
                 kv = kv_pool_from_metrics(endpoint.metrics())
-            except ServerDown:
+            except ServerError:
                 kv = None
         self.ready = Ready(base_url, recipe.served_model_name, kv, self.log_path, time.monotonic() - started)
         return self.ready

@@ -80,6 +80,7 @@ class RunResults(BaseModel):
     started_at: str = ""
     finished_at: str = ""
     kv_pool_tokens: int | None = None
+    stopped: str = Field("", description="Why the run ended before all it set out to do (server down, budget used up); empty when complete")
     checks: list[CheckResult] = Field(default_factory=list)
     performance: list[Figure] = Field(default_factory=list)
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path relative to the results file")
@@ -106,6 +107,7 @@ class RunResults(BaseModel):
                 "started_at": min(filter(None, [self.started_at, other.started_at]), default=""),
                 "verified_note": self.verified_note or other.verified_note,
                 "performance_note": self.performance_note or other.performance_note,
+                "stopped": "; ".join(filter(None, [self.stopped, other.stopped])),
             }
         )
 
@@ -196,3 +198,26 @@ def read_results(path: Path) -> RunResults:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise ResultsError(f"{path}: {where}: {err['msg']}") from None
+
+
+def check_output_path(path: Path | None, flag: str, folder: bool = False) -> None:
+    """Refuse, before any work starts, an output that could not be written: a file path that is a folder, a folder
+    that is a file, a path under a file, or a place this user cannot write. One line naming the flag, exit 2."""
+    from .errors import UsageError
+
+    if path is None:
+        return
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise UsageError(f"{flag}: {path} exists and is not a folder")
+    if not folder and path.is_dir():
+        raise UsageError(f"{flag}: {path} is a folder; give a file path")
+    if not folder and path.exists() and not path.is_file():
+        raise UsageError(f"{flag}: {path} is not a regular file")
+    ancestor = path if folder and path.is_dir() else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{flag}: {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {path}: {ancestor} is not writable")
