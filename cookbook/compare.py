@@ -166,6 +166,15 @@ def _colour(delta: Delta) -> str:
     return "#f9a825" if worse else "#2e7d32"
 
 
+FIGURE_FORMATS = (".png", ".svg", ".pdf")
+
+
+def figure_path(path: Path) -> Path:
+    """Where `--figure PATH` is written: PATH itself with a known image suffix, else PATH.png (said as written)."""
+    path = Path(path)
+    return path if path.suffix.lower() in FIGURE_FORMATS else path.with_name(path.name + ".png")
+
+
 def comparison_figure(comparison: Comparison) -> "MplFigure":
     """Relative change per figure and metric (B against A), the threshold band shaded."""
     from matplotlib.figure import Figure

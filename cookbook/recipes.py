@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import RecipeError
-from .secrets import MASK, is_secret_name
+from .secrets import MASK, SECRET_FLAG_ENV, SECRET_FLAGS, is_secret_name, masked_env, masked_flags
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = REPO_ROOT / "recipes"
@@ -216,6 +216,8 @@ class Recipe(_Strict):
                     raise ValueError(f"environment name {name!r} is not a valid shell variable name")
                 if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                     raise ValueError(f"environment.{name} must be a string or number (quote true/false)")
+                if "\x00" in str(value):
+                    raise ValueError(f"environment.{name}: a NUL character cannot be in an environment value")
             return {k: str(v) for k, v in env.items()}
         return env
 
@@ -420,9 +422,24 @@ def load_recipe(ref: str | Path, root: Path = RECIPES_DIR) -> Recipe:
 
 
 def shell_value(value: object) -> str:
-    """Quote a value for the shell only where needed, so a '$(...)' or a space can never run anything."""
+    """Quote a value for the shell only where needed, so a '$(...)' or a space can never run anything. A value
+    with control characters is written in bash's $'...' form with escapes: the same value, and nothing raw (an
+    escape sequence, a carriage return) ever reaches a terminal that shows the block."""
     text = str(value)
+    if _CONTROL_CHARS.search(text):
+        return "$'" + "".join(_ansi_c(c) for c in text) + "'"
     return shlex.quote(text) if text else "''"
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if _CONTROL_CHARS.match(char):
+        return f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}"
+    return char
 
 
 def flag_args(name: str, value: FlagValue) -> list[str]:
@@ -468,12 +485,21 @@ def serve_argv(recipe: Recipe, models_dir: Path | None = None, extra: dict[str, 
     return [expand_placeholders(word, models_dir) for word in argv]
 
 
+def shown_recipe(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as data for a reader (`recipe show`): secret-named environment values and secret flags masked."""
+    data = recipe.model_dump(mode="json", exclude={"path"})
+    data["environment"] = masked_env(data.get("environment") or {})
+    data["serve"]["flags"] = masked_flags(data["serve"]["flags"])
+    return data
+
+
 def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
-    """The seed pages' Launch block: exports, the fix step, then `vllm serve` with one flag per line."""
+    """The seed pages' Launch block: exports, the fix step, then `vllm serve` with one flag per line. A secret
+    flag (api-key, hf-token) reads its value from the environment (`--api-key "$VLLM_API_KEY"`), never inline."""
     lines: list[str] = []
     for name, value in recipe.environment.items():
         shown = MASK if mask_secrets and is_secret_name(name) else value
-        lines.append(f"export {name}={shell_value(shown)}")
+        lines.append(f"export {name}={shell_word(shown)}")
     if lines:
         lines.append("")
     if recipe.fixes.opt_in:
@@ -484,10 +510,16 @@ def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
     fix_args = " ".join(shell_word(a) for a in fix_command(recipe))
     lines.append(f'python3 "$COOKBOOK/fixes/apply_all.py" {fix_args} || exit 1')
     lines.append("")
+    secret_flags = [n for n, v in recipe.serve.flags.items() if n in SECRET_FLAGS and isinstance(v, str)]
+    if mask_secrets and secret_flags:
+        names = ", ".join(SECRET_FLAG_ENV[n] for n in secret_flags)
+        lines.append(f"# Set {names} first: secrets are read from the environment, never written here.")
     serve_lines = [f"vllm serve {shell_word(model_argument(recipe))}"]
     for name, value in recipe.serve.flags.items():
         words = flag_args(name, value)
         rendered = [words[0], *(shell_word(w) for w in words[1:])]
+        if mask_secrets and name in secret_flags:
+            rendered = [words[0], f'"${SECRET_FLAG_ENV[name]}"']
         serve_lines.append("  " + " ".join(rendered))
     lines.append(" \\\n".join(serve_lines))
     return "\n".join(lines) + "\n"

@@ -155,9 +155,12 @@ def run_hardware(stated: Hardware | None, recipe: Any, base_url: str) -> Hardwar
 
 def write_results(results: RunResults, path: Path) -> Path:
     """Write atomically: a reader never sees a half-written results file."""
+    from .secrets import scrub_data
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = results.model_dump_json(indent=2)
+    # Evidence may hold what a server echoed (a Bearer key, a URL's password): masked value by value, never syntax.
+    payload = RunResults.model_validate(scrub_data(results.model_dump(mode="json"))).model_dump_json(indent=2)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:

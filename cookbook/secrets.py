@@ -34,7 +34,10 @@ _MIN_SECRET_LEN = 8  # shorter values would mask ordinary words and numbers
 _WORD_MAX_LEN = 16  # letters only and shorter than this: a word, not a secret
 _NOT_SECRET_WORDS = {"true", "false", "yes", "no", "on", "off", "none", "null", "empty", "enabled", "disabled"}
 
-_CREDENTIAL = re.compile(r"\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=:-]{4,})", re.IGNORECASE)
+# A credential in text: an Authorization header's whole value, or "Bearer"/"Basic" and a token holding a digit or
+# "=" (so that "Basic checks" stays prose).
+_AUTH_HEADER = re.compile(r"""((?:Proxy-)?Authorization["']?\s*[:=]\s*["']?)([^"'\r\n,}]+)""", re.IGNORECASE)
+_CREDENTIAL = re.compile(r"\b(Bearer|Basic)(\s+)(?=[A-Za-z0-9._~+/=-]*[0-9=])([A-Za-z0-9._~+/=-]{8,})")
 _URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@\"'<>]+@")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 
@@ -113,6 +116,7 @@ def mask(text: str, secrets: Iterable[str]) -> str:
         for form in _forms(value):
             if form:
                 text = text.replace(form, MASK)
+    text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{MASK}", text)
     text = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
     return _URL_USERINFO.sub(r"\1", text)
 
@@ -146,6 +150,20 @@ def escape_control(text: str) -> str:
     """Control characters (ESC, CR, BEL, C1 ...) as visible escapes, so that no value can drive a terminal;
     newlines and tabs stay."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class ScrubbingStream:
+    """A text stream (the terminal) that masks secrets and escapes control characters in everything written."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(escape_control(scrub(text)))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def masked_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -183,6 +201,8 @@ def _json_indent(text: str) -> int | None:
 def mask_text_file(path: Path, text: str, secrets: list[str]) -> str:
     """The masked content of one text file; a JSON file (results, notebooks, summaries) is masked value by value
     and written back in its own indentation, so it stays valid JSON whatever the secret looks like."""
+    if mask(text, secrets) == text:
+        return text  # nothing to mask: the file stays byte for byte as it was
     if path.suffix in (".json", ".ipynb") or text.lstrip().startswith(("{", "[")):
         try:
             data = json.loads(text)
@@ -194,6 +214,11 @@ def mask_text_file(path: Path, text: str, secrets: list[str]) -> str:
                              sort_keys=path.suffix == ".ipynb")
             return out + ("\n" if text.endswith("\n") else "")
     return mask(text, secrets)
+
+
+def scrub_file_text(path: Path, text: str) -> str:
+    """What a writer puts in `path`: `text` with the process's current secrets masked (JSON value by value)."""
+    return mask_text_file(Path(path), text, current_secrets())
 
 
 def _needles(secrets: list[str]) -> list[bytes]:

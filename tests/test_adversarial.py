@@ -281,6 +281,9 @@ BAD_FLAGS = [
     (["bench", "--base-url", "not a url"], "--base-url"),
     (["bench", "--base-url", "http://127.0.0.1:9", "--timeout", "nan"], "--timeout"),
     (["run", CPU, "--base-url", "ftp://x"], "--base-url"),
+    (["run", CPU, "--base-url", "http://127.0.0.1:9", "--out", "/proc/version/run"], "--out"),
+    (["page", CPU, "--out", "/proc/version/page.md"], "--out"),
+    (["compare", "a", "b", "--figure", "/proc/version/x.png"], "--figure"),
     (["compare", "a", "b", "--threshold", "nan"], "--threshold"),  # exit 1, as compare's other threshold errors
 ]
 
@@ -288,4 +291,99 @@ BAD_FLAGS = [
 @pytest.mark.parametrize("argv,flag", BAD_FLAGS, ids=[" ".join(a[:1] + a[-2:]) for a, _ in BAD_FLAGS])
 def test_bad_flags_are_one_line_naming_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _cli_error(argv, capsys)
-    assert code == (1 if argv[0] == "compare" else 2) and len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err
+    assert code == (1 if "--threshold" in argv else 2) and len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err
+
+
+# -- 3. secrets in what is shown: recipe show, the launch block, the page ------------------------------------------
+
+from cookbook.secrets import ScrubbingStream, mask, strip_url_credentials  # noqa: E402
+
+
+def _secret_recipe(tmp_path: Path) -> Path:
+    def mutate(data):
+        data["environment"] = {**data["environment"], "HF_TOKEN": "hf_envsecret_123456", "DB_PASSWORD": "pw"}
+        data["serve"]["flags"]["api-key"] = "sk-flagsecret-987654"
+        data["serve"]["flags"]["hf-token"] = "hf_flagtoken_555555"
+
+    return _variant(tmp_path, mutate)
+
+
+def test_recipe_show_masks_secret_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _secret_recipe(tmp_path)
+    assert main(["recipe", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    for secret in ("hf_envsecret_123456", "sk-flagsecret-987654", "hf_flagtoken_555555", "DB_PASSWORD: pw"):
+        assert secret not in out
+    shown = yaml.safe_load(out)
+    assert shown["environment"]["HF_TOKEN"] == MASK and shown["serve"]["flags"]["api-key"] == MASK
+
+
+def test_secret_flags_come_from_the_environment_in_the_launch_block_and_page(tmp_path: Path) -> None:
+    recipe = load_recipe_file(_secret_recipe(tmp_path))
+    block = render_launch_block(recipe)
+    assert '--api-key "$VLLM_API_KEY"' in block and '--hf-token "$HF_TOKEN"' in block
+    assert "# Set VLLM_API_KEY, HF_TOKEN first" in block
+    for secret in ("sk-flagsecret-987654", "hf_flagtoken_555555", "hf_envsecret_123456"):
+        assert secret not in block
+
+
+def test_the_page_shows_no_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _secret_recipe(tmp_path)
+    out_file = tmp_path / "page.md"
+    assert main(["page", str(path), "--out", str(out_file)]) == 0
+    text = out_file.read_text()
+    assert '--api-key "$VLLM_API_KEY"' in text
+    for secret in ("sk-flagsecret-987654", "hf_flagtoken_555555", "hf_envsecret_123456"):
+        assert secret not in text
+
+
+def test_credentials_in_text_are_masked() -> None:
+    text = "GET http://bob:hunter2-pw@host:8000/v1 with {'Authorization': 'Bearer sk-live-abc123'} and Basic dGVzdDp0ZXN0"
+    masked = mask(text, [])
+    assert "hunter2" not in masked and "sk-live-abc123" not in masked and "dGVzdDp0ZXN0" not in masked
+    assert "http://host:8000/v1" in masked
+    assert mask("Basic checks and a Bearer of news", []) == "Basic checks and a Bearer of news"
+    assert strip_url_credentials("https://u:p@h:1/x") == "https://h:1/x"
+
+
+def test_mask_folder_strips_url_credentials(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"base_url": "http://alice:pw-1234567@127.0.0.1:8000"}))
+    mask_folder(tmp_path, ["pw-1234567"])
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"base_url": "http://127.0.0.1:8000"}
+
+
+# -- 8. control characters never reach a terminal raw; compare --figure says the file it wrote -------------------
+
+
+def test_control_characters_in_environment_values_are_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    value = "x\x1b[2J\x1b]0;pwned\x07\rcleared"
+    path = _variant(tmp_path, lambda d: d["environment"].update({"FANCY": value}))
+    for argv in (["recipe", "launch-script", str(path)], ["recipe", "show", str(path)]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    block = render_launch_block(load_recipe_file(path))
+    assert "\x1b" not in block
+    exported = block.split("\n")[[line.startswith("export FANCY=") for line in block.split("\n")].index(True)]
+    out = subprocess.run(["bash", "-c", f"{exported}\nprintf %s \"$FANCY\""], capture_output=True, check=True).stdout
+    assert out == value.encode()  # the same value, escaped only in how it is written
+
+
+def test_the_terminal_stream_masks_and_escapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.setenv("MY_API_KEY", "sk-terminal-secret-1")
+    sink = io.StringIO()
+    ScrubbingStream(sink).write("key sk-terminal-secret-1 \x1b[31mred\n")
+    assert sink.getvalue() == f"key {MASK} \\x1b[31mred\n"
+
+
+@pytest.mark.parametrize("name,written", [("cmp", "cmp.png"), ("cmp.png", "cmp.png"), ("cmp.svg", "cmp.svg"), ("cmp.v2", "cmp.v2.png")])
+def test_compare_figure_prints_the_path_it_wrote(tmp_path: Path, name: str, written: str, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_results(_results(tokens_per_s=10.0), a)
+    write_results(_results(tokens_per_s=10.0), b)
+    assert main(["compare", str(a), str(b), "--figure", str(tmp_path / name)]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / written).is_file() and f"figure: {tmp_path / written}" in out
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("cmp")] == [written]
