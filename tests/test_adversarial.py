@@ -95,6 +95,8 @@ import yaml  # noqa: E402
 from cookbook.errors import RecipeError  # noqa: E402
 from cookbook.recipes import RECIPES_DIR, load_recipe, load_recipe_file, render_launch_block  # noqa: E402
 
+from test_recipes import _set as _setter  # noqa: E402
+
 CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -105,17 +107,6 @@ def _variant(tmp_path: Path, mutate, base: str = "HuggingFaceTB/SmolLM2-135M-Ins
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def _setter(dotted: str, value):
-    def mutate(data):
-        *parents, last = dotted.split(".")
-        node = data
-        for key in parents:
-            node = node[key]
-        node[last] = value
-
-    return mutate
 
 
 INJECTIONS = ['$COOKBOOK/x"; touch {m}; echo "', "$COOKBOOK$(touch {m})", "$COOKBOOK/`touch {m}`", "org/m; touch {m}",
