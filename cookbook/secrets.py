@@ -228,12 +228,13 @@ def _needles(secrets: list[str]) -> list[bytes]:
 def scan_folder(folder: Path, secrets: Iterable[str]) -> list[Path]:
     """Every file under `folder` that holds a secret value in any of its forms (bytes, so binary files count)."""
     needles = _needles([s for s in secrets if s])
-    if not needles:
-        return []
+    patterns = [re.compile(p.pattern.encode(), p.flags & re.IGNORECASE) for p in (_URL_USERINFO, _CREDENTIAL, _AUTH_HEADER)]
     found = []
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file() and not p.is_symlink()):
         data = path.read_bytes()
-        if any(n in data for n in needles):
+        if any(n in data for n in needles) or (path.suffix != ".png" and any(p.search(data) for p in patterns)):
+            if not needles and mask_text_file(path, data.decode("utf-8", "replace"), []) == data.decode("utf-8", "replace"):
+                continue  # a pattern matched bytes that masking leaves as they are
             found.append(path)
     return found
 
@@ -248,10 +249,12 @@ def mask_folder(folder: Path, secrets: Iterable[str]) -> FolderMasking:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
+            masked = data
             for needle in _needles(values):
-                data = data.replace(needle, b"*" * len(needle))
-            _write_bytes(path, data)
-            outcome.binary.append(path)
+                masked = masked.replace(needle, b"*" * len(needle))
+            if masked != data:
+                _write_bytes(path, masked)
+                outcome.binary.append(path)
             continue
         _write_bytes(path, mask_text_file(path, text, values).encode("utf-8"))
         outcome.masked.append(path)

@@ -337,10 +337,15 @@ def test_credentials_in_text_are_masked() -> None:
     assert strip_url_credentials("https://u:p@h:1/x") == "https://h:1/x"
 
 
-def test_mask_folder_strips_url_credentials(tmp_path: Path) -> None:
-    (tmp_path / "summary.json").write_text(json.dumps({"base_url": "http://alice:pw-1234567@127.0.0.1:8000"}))
-    mask_folder(tmp_path, ["pw-1234567"])
+@pytest.mark.parametrize("password", ["pw-1234567", "pw"])  # a short password is not searched for, its URL form is
+def test_mask_folder_strips_url_credentials(tmp_path: Path, password: str) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps({"base_url": f"http://alice:{password}@127.0.0.1:8000"}))
+    (tmp_path / "03_verify.html").write_text(f"<p>BASE_URL = 'http://alice:{password}@127.0.0.1:8000'</p>")
+    (tmp_path / "clean.txt").write_text("nothing to see")
+    outcome = mask_folder(tmp_path, [password])
     assert json.loads((tmp_path / "summary.json").read_text()) == {"base_url": "http://127.0.0.1:8000"}
+    assert "alice" not in (tmp_path / "03_verify.html").read_text()
+    assert sorted(p.name for p in outcome.changed) == ["03_verify.html", "summary.json"]
 
 
 # -- 8. control characters never reach a terminal raw; compare --figure says the file it wrote -------------------
