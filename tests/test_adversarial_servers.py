@@ -281,3 +281,39 @@ def test_verify_json_that_is_a_directory_fails_before_any_check(hostile, tmp_pat
     code = main(["verify", "--base-url", server.url, "--model", "m", "--json", str(tmp_path), "--checks", "known-answer"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: --json: ") and server.api_calls == 0
+
+
+# -- 1. a batch run with TOKENIZERS_PARALLELISM=false and a planted token: every file stays valid, no token -------
+
+
+def test_a_batch_run_folder_stays_valid_json_and_holds_no_secret(hostile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbformat
+
+    from cookbook import batch
+    from cookbook.recipes import load_recipe
+    from test_batch import WRITES_PART, make_notebook
+
+    token = "hf_planted_batch_token_77"
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setenv("HF_TOKEN", token)
+    server = hostile("stream")
+    books = tmp_path / "books"
+    books.mkdir()
+    code = WRITES_PART.format(name="first") + f'\nprint({{"ok": True, "echo": "Bearer {token}", "flag": False}})'
+    source = make_notebook(books, "01_first", code)
+    url = server.url.replace("http://", "http://alice:pw@")
+    summary = batch.run_batch(load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct"), url, tmp_path / "run", [source],
+                              say=lambda _line: None)
+    assert summary.ok, summary.notebooks
+    run = tmp_path / "run"
+    for path in run.rglob("*"):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        assert token.encode() not in data and b"alice:pw" not in data, path
+        if path.suffix in (".json", ".ipynb"):
+            json.loads(data)  # every JSON file (results, parts, summary, notebook) is still valid
+    results = read_results(run / "results.json")
+    assert results.checks[0].status == "pass"  # `false`/`true` were never masked
+    executed = nbformat.read(str(run / "01_first.ipynb"), as_version=4)
+    assert "'flag': False" in str(executed.cells[-1].outputs)
