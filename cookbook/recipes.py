@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .lint import LintRule  # the rule schema only; cookbook.lint imports nothing of this module at load
 from .errors import RecipeError
 from .secrets import MASK, SECRET_FLAG_ENV, SECRET_FLAGS, is_secret_name, masked_env, masked_flags
 
@@ -130,7 +131,7 @@ class Fixes(_Strict):
 class PreparedWeights(_Strict):
     """Weights that the cookbook builds itself into its cache (CPU recipes), instead of a hub id."""
 
-    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next"]
+    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next", "tiny-gemma3"]
 
 
 class Serve(_Strict):
@@ -167,12 +168,62 @@ class PrefixCaching(_Strict):
 class PrefixCacheExpectation(_Strict):
     logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
     max_logprob_diff: float = Field(0.0, ge=0, allow_inf_nan=False, description="Allowed max |hit - cold| when 'close'")
-    prompt_tokens: list[Tokens] = Field(description="Prompt lengths in tokens, one prompt each")
+    prompt_tokens: list[Tokens] | None = Field(
+        None, description="Prompt lengths in tokens, one prompt each; omitted: derived from the served context, "
+        "block size and sliding windows"
+    )
 
 
 class NeedleExpectation(_Strict):
-    lengths: list[Tokens] = Field(description="Haystack lengths in tokens")
-    depths: list[Fraction] = Field(description="Needle depths as a fraction of the haystack, 0..1")
+    lengths: list[Tokens] | None = Field(
+        None, description="Haystack lengths in tokens; omitted: the seeds' 24.8 %, 50 % and 93 % of the served context"
+    )
+    depths: list[Fraction] | None = Field(None, description="Needle depths as a fraction of the haystack, 0..1; omitted: 0.1, 0.5, 0.9")
+    value_digits: int = Field(
+        7, ge=4, le=12, description="Digits of each needle's random number: fewer is easier for a small model to copy "
+        "from far back; a lost or altered needle fails either way (exact match)"
+    )
+
+
+class OracleTolerance(_Strict):
+    """How far served logprobs may sit from the reference forward pass (fp32) for one served dtype; set from
+    measurements on a clean server, with a margin, and say where they were measured in `measured`."""
+
+    max_abs_delta: float = Field(gt=0, description="Max |served - reference| logprob of a chosen token (prompt or greedy)")
+    mean_abs_delta: float = Field(gt=0, description="Mean |served - reference| logprob over every compared token")
+    max_topk_divergence: float = Field(
+        gt=0, le=1, description="Max total-variation distance between served and reference top-k at one position"
+    )
+    tie_margin: float = Field(
+        gt=0, description="A flip between tokens the reference puts within this of each other is a tie, not a fail"
+    )
+    min_top1_agreement: float = Field(
+        0.99, gt=0, le=1, description="Share of positions whose argmax agrees with the reference (ties count as agreeing)"
+    )
+    measured: str = Field("", description="The figures these tolerances were set from: where, on what, when")
+
+
+class OracleExpectation(_Strict):
+    """The numerics oracle: served logprobs against a reference forward pass of the same weights."""
+
+    tolerances: dict[Literal["bf16", "fp16", "fp32", "fp8"], OracleTolerance] = Field(
+        default_factory=dict, description="Per served dtype (precision.dtype picks one); else the cookbook's defaults"
+    )
+    golden: str | None = Field(
+        None, description="Golden file relative to the recipe's folder; default reference/golden.json"
+    )
+    max_new_tokens: int = Field(16, gt=0, le=256, description="Greedy tokens compared after each prompt")
+    top_k: int = Field(5, ge=1, le=20, description="Top-k compared (and recorded in a golden file) per position")
+    long_prompt_tokens: int | None = Field(
+        None, gt=0, description="The long prompt's length; default: the served context less the greedy tokens"
+    )
+
+    @field_validator("golden")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError("must be a path inside the recipe's folder (relative, no '..')")
+        return value
 
 
 class Verification(_Strict):
@@ -187,6 +238,7 @@ class Verification(_Strict):
     concurrency: int | None = Field(None, gt=0, description="In-flight requests; default --max-num-seqs")
     prefix_cache: PrefixCacheExpectation | None = None
     needles: NeedleExpectation | None = None
+    oracle: OracleExpectation | None = Field(None, description="The numerics oracle's tolerances and golden file")
 
 
 class Recipe(_Strict):
@@ -198,6 +250,7 @@ class Recipe(_Strict):
     image: Image
     precision: Precision
     context_note: str = Field("", description="Shown after the context length, e.g. 'native'")
+    variant: str = Field("", description="The page header's Variant line: which weights on which cards")
     environment: dict[str, str] = Field(default_factory=dict, description="Exported before serving, in order")
     fixes: Fixes
     serve: Serve
@@ -206,6 +259,10 @@ class Recipe(_Strict):
     known_issues: list[str] = Field(default_factory=list)
     do_not: list[str] = Field(default_factory=list, description="What not to do")
     verification: Verification = Field(default_factory=Verification)
+    lint: list[LintRule] = Field(
+        default_factory=list, description="Rules this recipe declares for itself (cookbook.lint's schema), checked "
+        "by `cookbook recipe validate` beside the seeds' rules"
+    )
 
     @field_validator("environment", mode="before")
     @classmethod

@@ -44,6 +44,16 @@ class CheckInconclusive(CookbookError):
         self.details = details or {}
 
 
+class CheckSkipped(CookbookError):
+    """Raised inside a check that found, once running, it has nothing to compare with (e.g. no reference recorded
+    for this image): status "skipped" with `result` as the table's text, never a pass."""
+
+    def __init__(self, result: str, evidence: list[Evidence] | None = None) -> None:
+        super().__init__(result)
+        self.result = result
+        self.evidence = evidence or []
+
+
 class CheckFailed(CookbookError):
     """Raised inside a check to end it as a fail with evidence, e.g. when the server answers HTTP 500."""
 
@@ -127,17 +137,29 @@ def check(
     return register
 
 
+def check_groups() -> list[str]:
+    """Every registered group, in registry order ('core', 'long-context', and whatever other modules add)."""
+    return list(dict.fromkeys(s.group for s in CHECKS.values()))
+
+
 def selected_checks(names: list[str] | None, recipe: Recipe | None) -> list[CheckSpec]:
-    """Registry order; `names` (e.g. from --checks) may name checks or groups ('core', 'long-context')."""
+    """Registry order; `names` (e.g. from --checks) may name checks or groups ('core', 'long-context').
+
+    Without names: the recipe's `verification.checks` if it lists any, else every registered check of every
+    group. Whether a check applies to the recipe is decided when it runs (its `applies`, the recipe's `skip`),
+    so a check that does not apply shows as skipped with why, never silently missing; `--checks core` is the
+    quick path."""
     if names:
-        unknown = [n for n in names if n not in CHECKS and n not in {s.group for s in CHECKS.values()}]
+        unknown = [n for n in names if n not in CHECKS and n not in check_groups()]
         if unknown:
-            raise CookbookError(f"--checks: unknown check {unknown[0]!r} (known: {', '.join(CHECKS)})")
+            raise CookbookError(
+                f"--checks: unknown check {unknown[0]!r} (groups: {', '.join(check_groups())}; checks: {', '.join(CHECKS)})"
+            )
         wanted = set(names)
         return [s for s in CHECKS.values() if s.name in wanted or s.group in wanted]
     if recipe is not None and recipe.verification.checks:
         return selected_checks(recipe.verification.checks, None)
-    return [s for s in CHECKS.values() if s.group == "core"]
+    return list(CHECKS.values())
 
 
 def run_checks(
@@ -211,6 +233,9 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
             outcome = CheckOutcome(False, exc.result, exc.evidence)
             status = "fail"
             timed_out = exc.timed_out
+        except CheckSkipped as exc:
+            outcome = CheckOutcome(False, exc.result, exc.evidence)
+            status = "skipped"
         except ServerDown as exc:
             server_down = True
             results.stopped = results.stopped or f"server down during {spec.name}"

@@ -13,7 +13,7 @@ import sys
 from ..errors import CookbookError
 from ..secrets import ScrubbingStream
 
-COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo"]
+COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "doctor", "reference"]
 
 
 def build_parser() -> argparse.ArgumentParser:
