@@ -6,19 +6,21 @@ limitation of the recipe's model, or does not apply. The JSON is written even wh
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 from ..checks import CheckContext, run_checks, selected_checks
-from ..checks.registry import verified_table
+from ..checks.registry import check_params, verified_table
 from ..endpoint import Endpoint
-from ..errors import CookbookError
+from ..errors import CookbookError, UsageError
 from ..launch import attach
-from ..results import Hardware, RunResults, write_results
+from ..results import Hardware, RunResults, check_output_path, write_results
 from ._common import add_server_args, recipe_from
 
 EVIDENCE_SHOWN = 2
+DEFAULT_BUDGET_S = 1800.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--hardware", metavar="TEXT", help="what served the run, e.g. 'four Gaudi 2 cards' (default: this machine for CPU recipes, else unknown)"
     )
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per request (default 60)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="wall-clock seconds one request may take, start to last byte (default 60)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
+                        help=f"wall-clock seconds the whole run may take; checks past it are 'not run' (default {DEFAULT_BUDGET_S:g})")
     parser.add_argument(
         "--param",
         action="append",
@@ -98,8 +103,13 @@ def evidence_lines(results: RunResults) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     names = parse_checks(args.checks)
-    if args.timeout <= 0:
-        raise CookbookError("--timeout: must be a positive number of seconds")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError(f"--budget: must be a positive number of seconds, got {args.budget}")
+    params = check_params(parse_params(args.param))
+    check_output_path(args.json, "--json")  # before any request: the results must have somewhere to go
+    check_output_path(args.out_dir, "--out-dir", folder=True)
     recipe = recipe_from(args)
     selected_checks(names, recipe)  # unknown names fail here, before any request
     if not args.base_url:
@@ -113,9 +123,10 @@ def run(args: argparse.Namespace) -> int:
         endpoint,
         recipe,
         out_dir=out_dir,
-        params=parse_params(args.param),
+        params=params,
         request_timeout_s=args.timeout,
         hardware=hardware_from(args.hardware),
+        budget_s=args.budget,
     )
     started = time.monotonic()
     results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
