@@ -150,6 +150,20 @@ class NeedleExpectation(_Strict):
     depths: list[float] = Field(description="Needle depths as a fraction of the haystack, 0..1")
 
 
+class EngineStatesExpectation(_Strict):
+    """Tolerances of the engine-states probes (same-step prefixes, preemption, chunked prefill, batch composition)."""
+
+    max_logprob_diff: float = Field(
+        0.0, ge=0, description="Allowed max |run - solo run| of the chosen tokens' logprobs (0: bit-identical)"
+    )
+    tie_margin: float = Field(
+        0.0,
+        ge=0,
+        description="bf16 near-tie: a first differing token whose two candidates are within this many nats of each "
+        "other in both runs' top-k is reported as a tie, not a fail",
+    )
+
+
 class Verification(_Strict):
     """What `cookbook verify` expects of this model."""
 
@@ -162,6 +176,12 @@ class Verification(_Strict):
     concurrency: int | None = Field(None, gt=0, description="In-flight requests; default --max-num-seqs")
     prefix_cache: PrefixCacheExpectation | None = None
     needles: NeedleExpectation | None = None
+    engine_states: EngineStatesExpectation | None = None
+    launch_profiles: dict[str, dict[str, FlagValue]] = Field(
+        default_factory=dict,
+        description="Named sets of `vllm serve` flag overrides for `cookbook verify --launch --launch-profile NAME`, "
+        "e.g. a small KV pool that makes the engine preempt",
+    )
 
 
 class Recipe(_Strict):
