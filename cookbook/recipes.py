@@ -160,7 +160,13 @@ class EngineStatesExpectation(_Strict):
         0.0,
         ge=0,
         description="bf16 near-tie: a first differing token whose two candidates are within this many nats of each "
-        "other in both runs' top-k is reported as a tie, not a fail",
+        "other in the solo run's top-k (and moved by no more than max_logprob_diff in the other run) is a tie, not a fail",
+    )
+    prompt_logprobs_max_diff: float = Field(
+        0.0,
+        ge=0,
+        description="Allowed max |difference| of prompt logprobs (top-k entries included) between two computation "
+        "paths: the sampler's next-token logprobs at a chunk boundary, or another server's chunking",
     )
 
 

@@ -25,6 +25,7 @@ reference judges instead. A probe that could not bring the engine into its state
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import uuid
@@ -128,6 +129,7 @@ class Expectation(BaseModel):
 
     max_logprob_diff: float = DEFAULT_MAX_LOGPROB_DIFF
     tie_margin: float = DEFAULT_TIE_MARGIN
+    prompt_logprobs_max_diff: float = DEFAULT_MAX_LOGPROB_DIFF
     source: str = "defaults (bit-identical, no ties)"
 
 
@@ -136,8 +138,9 @@ def expectation(ctx: CheckContext) -> Expectation:
     values: dict[str, Any] = {}
     if settings is not None:
         values = {"max_logprob_diff": settings.max_logprob_diff, "tie_margin": settings.tie_margin,
+                  "prompt_logprobs_max_diff": settings.prompt_logprobs_max_diff,
                   "source": "recipe verification.engine_states"}
-    for key in ("max_logprob_diff", "tie_margin"):
+    for key in ("max_logprob_diff", "tie_margin", "prompt_logprobs_max_diff"):
         if ctx.params.get(key) is not None:
             values[key] = float(ctx.params[key])
             values["source"] = "check parameters"
@@ -775,6 +778,8 @@ def server_pids(base_url: str) -> list[int]:
         try:
             for fd in (entry / "fd").iterdir():
                 if fd.readlink().as_posix() == target:
+                    if int(entry.name) == os.getpid():  # a proxy in this process: its memory is not the server's
+                        return []
                     stat = (entry / "stat").read_text()
                     sid = int(stat[stat.rfind(")") + 2 :].split()[3])
                     return session_pids(sid)
@@ -935,9 +940,9 @@ def chunked_prompt_logprobs(ctx: CheckContext) -> CheckOutcome:
             problems.append(f"position {position}: prompt_logprobs and the sampler's top-{TOP_K} share no token")
             continue
         worst = diff if worst is None else max(worst, diff)
-        if diff > expect.max_logprob_diff:
+        if diff > expect.prompt_logprobs_max_diff:
             problems.append(f"position {position}: prompt_logprobs differ from the sampler's next-token logprobs by "
-                            f"{diff:.3g} (allowed {expect.max_logprob_diff:g})")
+                            f"{diff:.3g} (allowed {expect.prompt_logprobs_max_diff:g})")
         elif top_prompt != top_sampler and abs(mine[top_prompt] - mine.get(top_sampler, -math.inf)) > expect.tie_margin:
             problems.append(f"position {position}: most likely token {top_prompt} in prompt_logprobs, {top_sampler} "
                             "for the sampler")
@@ -982,10 +987,17 @@ def _chunk_reference(
                           _timeout(ctx, len(prompt) * 2)).prompt_logprobs or []
     finally:
         other.close()
-    diffs = [(i, abs(entries[i][tok] - theirs[i][tok])) for i, tok in enumerate(prompt)
-             if 0 < i < min(len(entries), len(theirs)) and entries[i] and theirs[i] and tok in entries[i] and tok in theirs[i]]
+    diffs = []
+    for i, tok in enumerate(prompt):
+        mine, other_entry = (entries[i] if i < len(entries) else None), (theirs[i] if i < len(theirs) else None)
+        if i == 0 or not mine or not other_entry:
+            continue
+        if tok not in mine or tok not in other_entry:
+            problems.append(f"position {i}: the prompt's own token missing from one server's prompt_logprobs")
+            break
+        diffs.append((i, abs(mine[tok] - other_entry[tok])))
     worst = max(diffs, key=lambda d: d[1]) if diffs else None
-    allowed = float(ctx.params.get("chunk_reference_max_diff") or max(expect.max_logprob_diff, 0.0))
+    allowed = expect.prompt_logprobs_max_diff
     if worst is not None and worst[1] > allowed:
         problems.append(f"position {worst[0]}: prompt logprob differs from {url} (another chunking) by {worst[1]:.3g} "
                         f"(allowed {allowed:g})")

@@ -1,4 +1,6 @@
-"""`cookbook verify --base-url URL [--recipe ID] [--model NAME] [--checks a,b] [--json OUT] [--hardware TEXT]`.
+"""`cookbook verify --base-url URL [--recipe ID] [--model NAME] [--checks a,b] [--json OUT] [--hardware TEXT]`, or
+`cookbook verify --launch --recipe ID [--launch-profile NAME] [--launch-override FLAG=VALUE ...] ...`, which starts
+the recipe's server (with the overrides), runs the checks against it and stops it.
 
 Prints the Verified table (Check | Result) and the KV pool line; exits 0 only if every check passed, is a known
 limitation of the recipe's model, or does not apply. The JSON is written even when the server dies mid-run.
@@ -9,12 +11,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..checks import CheckContext, run_checks, selected_checks
 from ..checks.registry import verified_table
 from ..endpoint import Endpoint
-from ..errors import CookbookError
-from ..launch import attach
+from ..errors import CookbookError, LaunchError
+from ..launch import Server, attach, free_port, launch_flags
+from ..recipes import Recipe
 from ..results import Hardware, RunResults, write_results
 from ._common import add_server_args, recipe_from
 
@@ -38,6 +42,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a check parameter, e.g. needle_lengths=2000,4000 or prefix_cache_prompt_tokens=300,1500 (repeatable)",
+    )
+    parser.add_argument(
+        "--launch", action="store_true", help="start the recipe's server for this run (instead of --base-url) and stop it after"
+    )
+    parser.add_argument(
+        "--launch-profile", metavar="NAME", help="with --launch: the recipe's verification.launch_profiles entry, e.g. engine-states"
+    )
+    parser.add_argument(
+        "--launch-override",
+        action="append",
+        default=[],
+        metavar="FLAG=VALUE",
+        help="with --launch: a `vllm serve` flag to add or replace, e.g. num-gpu-blocks-override=17 (repeatable)",
     )
     parser.add_argument("--out-dir", type=Path, metavar="DIR", help="where figures go (default: beside --json)")
     parser.set_defaults(run=run)
@@ -101,18 +118,52 @@ def run(args: argparse.Namespace) -> int:
         raise CookbookError("--timeout: must be a positive number of seconds")
     recipe = recipe_from(args)
     selected_checks(names, recipe)  # unknown names fail here, before any request
+    if args.launch:
+        return _run_launched(args, names, recipe)
+    if args.launch_profile or args.launch_override:
+        raise CookbookError("--launch-profile/--launch-override: only with --launch")
     if not args.base_url:
-        raise CookbookError("--base-url: required (start a server with `cookbook serve RECIPE`)")
+        raise CookbookError("--base-url: required (start a server with `cookbook serve RECIPE`, or use --launch)")
+    return _run_checks(args, names, recipe, args.base_url, {})
+
+
+def _run_launched(args: argparse.Namespace, names: list[str] | None, recipe: Recipe | None) -> int:
+    """Start the recipe's server with the launch overrides, run the checks against it, stop it."""
+    if recipe is None:
+        raise CookbookError("--launch: needs --recipe (the server to start)")
+    if args.base_url:
+        raise CookbookError("--launch: give either --launch or --base-url, not both")
+    flags = launch_flags(recipe, args.launch_profile, args.launch_override)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    server = Server(recipe, port=free_port(), extra_flags=flags, say=say)
+    try:
+        ready = server.start()
+    except LaunchError as exc:
+        say(f"error: {exc}")
+        for line in exc.log_tail:
+            say(f"  | {line}")
+        return 1
+    try:
+        say(ready.line())
+        return _run_checks(args, names, recipe, ready.base_url, flags)
+    finally:
+        server.stop()
+        say("verify: the launched server was stopped")
+
+
+def _run_checks(
+    args: argparse.Namespace, names: list[str] | None, recipe: Recipe | None, base_url: str, launched: dict[str, Any]
+) -> int:
     model = args.model or (recipe.served_model_name if recipe else None)
     # With a model name known, a server that is already down still gets a full table of "not run" (and its JSON).
-    endpoint = Endpoint(args.base_url, model) if model else attach(args.base_url)
+    endpoint = Endpoint(base_url, model) if model else attach(base_url)
     endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)
     out_dir = args.out_dir or (args.json.parent if args.json else None)
     ctx = CheckContext(
         endpoint,
         recipe,
         out_dir=out_dir,
-        params=parse_params(args.param),
+        params={**parse_params(args.param), **({"launch_overrides": launched} if launched else {})},
         request_timeout_s=args.timeout,
         hardware=hardware_from(args.hardware),
     )
