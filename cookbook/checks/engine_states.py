@@ -479,6 +479,14 @@ def _settled_delta(endpoint: Endpoint, name: str, before: float | None, at_least
         time.sleep(0.2)
 
 
+def _param_int(ctx: CheckContext, key: str) -> int | None:
+    """An integer check parameter; `--param` turns a plural-looking key into a one-element list."""
+    value = ctx.params.get(key)
+    if isinstance(value, list):
+        value = value[0] if len(value) == 1 else None
+    return int(value) if value is not None else None
+
+
 def _timeout(ctx: CheckContext, tokens: int) -> float:
     return ctx.request_timeout_s + tokens * 0.02
 
@@ -693,7 +701,7 @@ class PreemptionReport(BaseModel):
 def preemption(ctx: CheckContext) -> CheckOutcome:
     layout = engine_layout(ctx)
     expect = expectation(ctx)
-    plan = plan_preemption(layout, int(ctx.params.get("preemption_max_tokens") or 32))
+    plan = plan_preemption(layout, _param_int(ctx, "preemption_max_tokens") or 32)
     details: dict[str, Any] = {"layout": layout.model_dump(), "expectation": expect.model_dump()}
     if isinstance(plan, str):
         raise CheckInconclusive(plan, details=details)
@@ -899,7 +907,7 @@ def chunked_prompt_logprobs(ctx: CheckContext) -> CheckOutcome:
         raise CheckInconclusive("the server's --max-num-batched-tokens (its prefill chunk) is unknown: pass it as the "
                                 "check parameter max_num_batched_tokens", details=details)
     longest = layout.max_model_len - 1
-    wanted = int(ctx.params.get("chunked_prompt_tokens") or min(longest, 3 * chunk + chunk // 2))
+    wanted = _param_int(ctx, "chunked_prompt_tokens") or min(longest, 3 * chunk + chunk // 2)
     prompt_len = min(wanted, longest)
     if prompt_len <= chunk:
         raise CheckInconclusive(f"the longest prompt this server takes ({format_tokens(longest)} tokens) fits in one "
@@ -1046,8 +1054,8 @@ def batch_composition(ctx: CheckContext) -> CheckOutcome:
     endpoint = ctx.endpoint
     source = PromptSource(endpoint, ctx.params.get("seed") or 0)
     count = max(sizes)
-    prompt_len = int(ctx.params.get("batch_prompt_tokens") or 96)
-    max_tokens = int(ctx.params.get("batch_max_tokens") or min(ctx.max_tokens, 24))
+    prompt_len = _param_int(ctx, "batch_prompt_tokens") or 96
+    max_tokens = _param_int(ctx, "batch_max_tokens") or min(ctx.max_tokens, 24)
     prompts = [source.tokens(f"batch-{i}", prompt_len) for i in range(count)]
     timeout = _timeout(ctx, (prompt_len + max_tokens) * count)
     solos = [complete(endpoint, completion_body(endpoint, p, new_salt("solo"), max_tokens), timeout) for p in prompts]
