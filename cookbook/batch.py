@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 # The batch set, in order. 00_index only explains the set; it is executed by the tests, not by a batch.
-BATCH_NOTEBOOKS = ("01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput")
+BATCH_NOTEBOOKS = (
+    "01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput", "07_engine_states",
+)
 PARTS_DIR = "parts"
 CELL_TIMEOUT_S = 1800
 Say = Callable[[str], None]

@@ -1130,3 +1130,67 @@ def reference_judge(ctx: CheckContext, expect: Expectation) -> tuple[Judge | Non
         return "fail", f"the reference ({ref.source}): {gap:.3g} apart"
 
     return judge, f"the reference: {ref.source}"
+
+
+# -- for notebooks and batch runs ----------------------------------------------------------------------------------
+
+SMALL_POOL_CHECKS = ("preemption", "chunked-prompt-logprobs")
+
+
+def run_engine_states(
+    ctx: CheckContext, launch_profile: str | None = None, names: list[str] | None = None, say: Callable[[str], None] = print
+) -> Any:
+    """The group against `ctx.endpoint`; with `launch_profile` (a recipe's verification.launch_profiles entry, e.g.
+    a small KV pool) the preemption and chunked-prefill probes run on a server of the recipe started with it for
+    them, and stopped after: one extra server start, not one per probe. Returns one RunResults in registry order."""
+    from ..launch import Server, free_port, launch_flags
+    from .registry import run_checks
+
+    wanted = names or [name for name, spec in _registry().items() if spec.group == GROUP]
+    on_small = [n for n in wanted if launch_profile and n in SMALL_POOL_CHECKS]
+    results = run_checks(ctx, [n for n in wanted if n not in on_small]) if len(on_small) < len(wanted) else None
+    if on_small:
+        assert ctx.recipe is not None and launch_profile is not None
+        flags = launch_flags(ctx.recipe, launch_profile)
+        with Server(ctx.recipe, port=free_port(), extra_flags=flags, say=say) as server:
+            small_ctx = CheckContext(server.endpoint, ctx.recipe, ctx.out_dir,
+                                     {**ctx.params, "launch_overrides": flags}, ctx.request_timeout_s, ctx.hardware)
+            small = run_checks(small_ctx, on_small)
+        for result in small.checks:
+            result.details["server"] = f"launched with profile {launch_profile}: {flags}"
+        if results is None:
+            return small
+        results.checks.extend(small.checks)
+        order = {name: i for i, name in enumerate(wanted)}
+        results.checks.sort(key=lambda c: order.get(c.name, len(order)))
+    return results
+
+
+def _registry() -> dict[str, Any]:
+    from .registry import CHECKS
+
+    return CHECKS
+
+
+def comparison_rows(results: Any) -> list[dict[str, Any]]:
+    """One row per request compared with its solo run, for a table: check, request, identical, max logprob diff,
+    and where it left the solo run (first differing token, tie or fail)."""
+    rows: list[dict[str, Any]] = []
+    for check_result in results.checks:
+        if check_result.name not in _registry() or _registry()[check_result.name].group != GROUP:
+            continue
+        comparisons = list(check_result.details.get("comparisons") or [])
+        for round_ in check_result.details.get("rounds") or []:
+            comparisons.extend(round_.get("comparisons") or [])
+        for c in comparisons:
+            divergence = c.get("divergence") or {}
+            rows.append({
+                "check": check_result.name,
+                "request": c["name"],
+                "tokens identical": c["tokens_identical"],
+                "max logprob diff": c["max_logprob_diff"],
+                "first differing token": divergence.get("position"),
+                "verdict": divergence.get("verdict", "identical" if c["tokens_identical"] else ""),
+                "margin": divergence.get("margin"),
+            })
+    return rows
