@@ -170,6 +170,47 @@ class EngineStatesExpectation(_Strict):
     )
 
 
+class OracleTolerance(_Strict):
+    """How far served logprobs may sit from the reference forward pass (fp32) for one served dtype; set from
+    measurements on a clean server, with a margin, and say where they were measured in `measured`."""
+
+    max_abs_delta: float = Field(gt=0, description="Max |served - reference| logprob of a chosen token (prompt or greedy)")
+    mean_abs_delta: float = Field(gt=0, description="Mean |served - reference| logprob over every compared token")
+    max_topk_divergence: float = Field(
+        gt=0, le=1, description="Max total-variation distance between served and reference top-k at one position"
+    )
+    tie_margin: float = Field(
+        gt=0, description="A flip between tokens the reference puts within this of each other is a tie, not a fail"
+    )
+    min_top1_agreement: float = Field(
+        0.99, gt=0, le=1, description="Share of positions whose argmax agrees with the reference (ties count as agreeing)"
+    )
+    measured: str = Field("", description="The figures these tolerances were set from: where, on what, when")
+
+
+class OracleExpectation(_Strict):
+    """The numerics oracle: served logprobs against a reference forward pass of the same weights."""
+
+    tolerances: dict[Literal["bf16", "fp16", "fp32", "fp8"], OracleTolerance] = Field(
+        default_factory=dict, description="Per served dtype (precision.dtype picks one); else the cookbook's defaults"
+    )
+    golden: str | None = Field(
+        None, description="Golden file relative to the recipe's folder; default reference/golden.json"
+    )
+    max_new_tokens: int = Field(16, gt=0, le=256, description="Greedy tokens compared after each prompt")
+    top_k: int = Field(5, ge=1, le=20, description="Top-k compared (and recorded in a golden file) per position")
+    long_prompt_tokens: int | None = Field(
+        None, gt=0, description="The long prompt's length; default: the served context less the greedy tokens"
+    )
+
+    @field_validator("golden")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError("must be a path inside the recipe's folder (relative, no '..')")
+        return value
+
+
 class Verification(_Strict):
     """What `cookbook verify` expects of this model."""
 
@@ -188,6 +229,7 @@ class Verification(_Strict):
         description="Named sets of `vllm serve` flag overrides for `cookbook verify --launch --launch-profile NAME`, "
         "e.g. a small KV pool that makes the engine preempt",
     )
+    oracle: OracleExpectation | None = Field(None, description="The numerics oracle's tolerances and golden file")
 
 
 class Recipe(_Strict):

@@ -44,6 +44,16 @@ class CheckInconclusive(CookbookError):
         self.details = details or {}
 
 
+class CheckSkipped(CookbookError):
+    """Raised inside a check that found, once running, it has nothing to compare with (e.g. no reference recorded
+    for this image): status "skipped" with `result` as the table's text, never a pass."""
+
+    def __init__(self, result: str, evidence: list[Evidence] | None = None) -> None:
+        super().__init__(result)
+        self.result = result
+        self.evidence = evidence or []
+
+
 class CheckFailed(CookbookError):
     """Raised inside a check to end it as a fail with evidence, e.g. when the server answers HTTP 500."""
 
@@ -181,6 +191,9 @@ def run_checks(
         except CheckFailed as exc:
             outcome = CheckOutcome(False, exc.result, exc.evidence)
             status = "fail"
+        except CheckSkipped as exc:
+            outcome = CheckOutcome(False, exc.result, exc.evidence)
+            status = "skipped"
         except ServerDown as exc:
             server_down = True
             outcome = CheckOutcome(False, "not run: server down", [Evidence(note=str(exc))])
