@@ -864,7 +864,8 @@ class ChunkedReport(BaseModel):
     boundary_checks: list[dict[str, Any]] = Field(description="Per checked position: prompt-logprobs top-k vs the "
                                                               "sampler's next-token top-k of the prompt cut there")
     boundary_max_diff: float | None
-    reference: dict[str, Any] | None = Field(None, description="Against another server or the oracle, if compared")
+    reference: dict[str, Any] | None = Field(None, description="Against another server of a different chunking, if given")
+    oracle: dict[str, Any] | None = Field(None, description="Against the numerics oracle's fp32 prompt logprobs, if any")
     memory: MemorySample
     seconds: float
     healthy_after: bool
@@ -955,20 +956,23 @@ def chunked_prompt_logprobs(ctx: CheckContext) -> CheckOutcome:
             problems.append(f"position {position}: most likely token {top_prompt} in prompt_logprobs, {top_sampler} "
                             "for the sampler")
     reference = _chunk_reference(ctx, prompt, entries, expect, problems)
+    oracle = reference_prompt_check(ctx, prompt, entries, boundaries, problems)
     healthy = endpoint.healthy()
     if not healthy:
         problems.append("the server was unhealthy after the prompt_logprobs request (/health not 200)")
     report = ChunkedReport(prompt_tokens=prompt_len, chunk_tokens=chunk, boundaries=boundaries,
                            positions_checked=len(positions), shape_problems=prompt_shape_problems(prompt, entries),
                            boundary_checks=checks, boundary_max_diff=None if worst is None else round(worst, 6),
-                           reference=reference, memory=memory, seconds=round(seconds, 2), healthy_after=healthy)
+                           reference=reference, oracle=oracle, memory=memory, seconds=round(seconds, 2), healthy_after=healthy)
     details.update(report.model_dump())
     evidence = [Evidence(request=_excerpt(body), note=p) for p in problems[:6]]
     memory_text = (f"server memory {memory.before_mib:,.0f} MiB before, peak {memory.peak_mib:,.0f} MiB during "
                    f"({memory.source})" if memory.peak_mib is not None and memory.before_mib is not None
                    else "server memory not measured")
-    compared = (f"{reference['what']}: max diff {reference['max_diff']:.2g}" if reference and reference.get("max_diff") is not None
-                else "no reference of another chunking (oracle or chunk_reference_url)")
+    compared = "; ".join(
+        f"{r['what']}: max diff {r['max_diff']:.2g}, mean {r['mean_diff']:.2g}" for r in (oracle, reference)
+        if r and r.get("max_diff") is not None
+    ) or f"not compared with another chunking or the oracle ({(oracle or {}).get('what', 'no chunk_reference_url')})"
     result = (f"{format_tokens(prompt_len)}-token prompt in {len(boundaries) + 1} chunks of {chunk:,}: "
               f"{len(entries or [])} prompt_logprobs entries, each holding its own token; at {len(positions)} positions "
               f"around the chunk boundaries within {worst if worst is not None else float('nan'):.2g} of the sampler's "
@@ -1099,37 +1103,87 @@ def batch_composition(ctx: CheckContext) -> CheckOutcome:
 # -- the oracle, where one is available ----------------------------------------------------------------------------
 
 
-def reference_judge(ctx: CheckContext, expect: Expectation) -> tuple[Judge | None, str]:
-    """A judge for first differing tokens from the numerics oracle (cookbook.reference) when it can score this
-    server's prompts; otherwise None and why (the recipe's tie margin judges)."""
+def _reference(ctx: CheckContext) -> tuple[Any, str]:
+    """The numerics oracle's reference for this recipe (cookbook.reference.reference_for), or None and why; a check
+    parameter `use_reference: false` turns it off."""
     if ctx.params.get("use_reference") is False:
-        return None, "the recipe's tie margin (the reference was turned off by a check parameter)"
+        return None, "turned off by a check parameter"
+    from .. import reference as reference_mod
+
     try:
-        from .. import reference as reference_mod  # type: ignore[attr-defined]
-    except ImportError:
-        return None, "the recipe's tie margin (no numerics oracle in this cookbook)"
-    try:
-        ref, why = reference_mod.reference_for(ctx)
+        return reference_mod.reference_for(ctx)
     except CookbookError as exc:
-        return None, f"the recipe's tie margin (no reference: {exc})"
+        return None, str(exc)
+
+
+def reference_judge(ctx: CheckContext, expect: Expectation) -> tuple[Judge | None, str]:
+    """A judge for first differing tokens from the numerics oracle where it can score the prompt (the solo run's
+    token against the run's, by the reference's fp32 distribution and the recipe's oracle tie margin for its dtype);
+    otherwise None and why (the recipe's engine_states tie margin judges)."""
+    from .. import reference as reference_mod
+    from .oracle import tolerance_for
+
+    ref, why = _reference(ctx)
     if ref is None:
-        return None, f"the recipe's tie margin (no reference: {why})"
+        return None, f"the recipe's tie margin {expect.tie_margin:g} (no reference: {why})"
+    tolerance, tolerance_from = tolerance_for(ctx)
 
     def judge(prefix: list[int], solo_token: int, run_token: int) -> tuple[Literal["tie", "fail"], str] | None:
-        if not ref.can_score(prefix):
-            return None
-        score = ref.score(prefix, 1, top_k=TOP_K)
+        try:
+            if not ref.can_score(prefix):
+                return None
+            score = ref.score(prefix, 1, top_k=TOP_K)
+        except CookbookError:
+            return None  # the reference could not answer: the tie margin judges
         if not score.greedy:
             return None
-        top = dict(score.greedy[0].top)
-        if solo_token not in top or run_token not in top:
-            return "fail", f"the reference ({ref.source}) ranks one of the two tokens outside its top-{TOP_K}"
-        gap = abs(top[solo_token] - top[run_token])
-        if gap <= expect.tie_margin:
-            return "tie", f"the reference ({ref.source}): the two within {gap:.3g}"
-        return "fail", f"the reference ({ref.source}): {gap:.3g} apart"
+        verdict = reference_mod.judge_divergence(score.greedy[0], solo_token, run_token, tolerance.tie_margin)
+        return ("fail" if verdict.failed else "tie"), f"the reference ({ref.source}): {verdict.note}"
 
-    return judge, f"the reference: {ref.source}"
+    return judge, f"the reference: {why} (tie margin from {tolerance_from})"
+
+
+def reference_prompt_check(
+    ctx: CheckContext, prompt: list[int], entries: list[dict[int, float] | None] | None, boundaries: list[int],
+    problems: list[str],
+) -> dict[str, Any] | None:
+    """The served prompt logprobs of the prompt's own tokens against the oracle's fp32 ones at every position, with
+    the worst position near a chunk boundary reported apart; None when no reference can score this prompt."""
+    from .oracle import tolerance_for
+
+    ref, why = _reference(ctx)
+    if ref is None or not entries:
+        return {"what": f"no reference ({why})", "max_diff": None} if ref is None else None
+    try:
+        if not ref.can_score(prompt):
+            return {"what": f"the reference ({ref.source}) cannot score this {len(prompt)}-token prompt", "max_diff": None}
+        score = ref.score(prompt, 1, top_k=TOP_K)
+    except CookbookError as exc:
+        return {"what": f"the reference failed: {exc}", "max_diff": None}
+    tolerance, tolerance_from = tolerance_for(ctx)
+    diffs: list[tuple[int, float]] = []
+    for i, tok in enumerate(prompt):
+        mine = entries[i] if i < len(entries) else None
+        theirs = score.prompt[i] if i < len(score.prompt) else None
+        if i == 0 or not mine or theirs is None or tok not in mine:
+            continue
+        diffs.append((i, abs(mine[tok] - theirs.logprob)))
+    if not diffs:
+        return {"what": f"the reference ({ref.source}) scored no position", "max_diff": None}
+    worst = max(diffs, key=lambda d: d[1])
+    mean = sum(d for _, d in diffs) / len(diffs)
+    near = [d for d in diffs if any(abs(d[0] - b) <= 2 for b in boundaries)]
+    near_worst = max((d for _, d in near), default=None)
+    if worst[1] > tolerance.max_abs_delta:
+        problems.append(f"position {worst[0]}: prompt logprob {worst[1]:.3g} from the reference's "
+                        f"(allowed {tolerance.max_abs_delta:g}, {tolerance_from})")
+    if mean > tolerance.mean_abs_delta:
+        problems.append(f"prompt logprobs {mean:.3g} from the reference's on average (allowed "
+                        f"{tolerance.mean_abs_delta:g}, {tolerance_from})")
+    return {"what": f"against the reference ({ref.source}) at {len(diffs)} positions", "max_diff": round(worst[1], 6),
+            "worst_position": worst[0], "mean_diff": round(mean, 6),
+            "near_boundaries_max_diff": None if near_worst is None else round(near_worst, 6),
+            "allowed": tolerance.max_abs_delta, "allowed_mean": tolerance.mean_abs_delta, "tolerances": tolerance_from}
 
 
 # -- for notebooks and batch runs ----------------------------------------------------------------------------------
