@@ -40,6 +40,19 @@ def _rewrite_tokens(choice: dict[str, Any], start: int, new_ids: list[int]) -> N
         choice["text"] = choice["text"][: len(choice["text"]) // 2] + " [changed]"
 
 
+def _busy_completions(ex: Exchange, body: Any, min_tokens: int) -> list[tuple[dict[str, Any], list[int]]]:
+    """The choices of a /v1/completions response answered while another request was in flight, with their token
+    ids (return_tokens_as_token_ids), when they have at least `min_tokens`."""
+    if ex.status != 200 or ex.in_flight() < 2 or not ex.path.startswith("/v1/completions"):
+        return []
+    found = []
+    for choice in choices(body):
+        ids = [_token_number(t) for t in (choice.get("logprobs") or {}).get("tokens") or []]
+        if len(ids) >= min_tokens and all(i is not None for i in ids):
+            found.append((choice, [i for i in ids if i is not None]))
+    return found
+
+
 class CorruptInFlight(Fault):
     """Generated tokens change from the middle on, only when another request is in flight through the proxy."""
 
@@ -48,15 +61,9 @@ class CorruptInFlight(Fault):
     symptom = r"solo run"
 
     def response(self, ex: Exchange, body: Any) -> Any:
-        if ex.status != 200 or ex.in_flight() < 2 or not ex.path.startswith("/v1/completions"):
-            return body
-        for choice in choices(body):
-            tokens = (choice.get("logprobs") or {}).get("tokens") or []
-            ids = [_token_number(t) for t in tokens]
-            if len(ids) < 2 or any(i is None for i in ids):
-                continue
+        for choice, ids in _busy_completions(ex, body, 2):
             start = len(ids) // 2
-            _rewrite_tokens(choice, start, [(i or 0) + 1 for i in ids[start:]])  # type: ignore[operator]
+            _rewrite_tokens(choice, start, [i + 1 for i in ids[start:]])
         return body
 
 
@@ -68,18 +75,11 @@ class RepeatTail(Fault):
     symptom = r"solo run"
 
     def response(self, ex: Exchange, body: Any) -> Any:
-        if ex.status != 200 or ex.in_flight() < 2 or not ex.path.startswith("/v1/completions"):
-            return body
-        for choice in choices(body):
-            tokens = (choice.get("logprobs") or {}).get("tokens") or []
-            ids = [_token_number(t) for t in tokens]
-            if len(ids) < 4 or any(i is None for i in ids):
-                continue
+        for choice, ids in _busy_completions(ex, body, 4):
             start = len(ids) // 2
             repeated = [ids[start - 3 + (k % 3)] for k in range(len(ids) - start)]  # the last three tokens, again
-            if repeated == ids[start:]:
-                continue
-            _rewrite_tokens(choice, start, repeated)  # type: ignore[arg-type]
+            if repeated != ids[start:]:
+                _rewrite_tokens(choice, start, repeated)
         return body
 
 

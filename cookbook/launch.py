@@ -388,6 +388,17 @@ def attach(base_url: str, model: str | None = None, timeout_s: float = 10.0) -> 
     return Endpoint(base_url, model)
 
 
+def start_or_report(server: Server, say: Say = print) -> Ready | None:
+    """Start the server; if it does not come up, say why with the last log lines and return None."""
+    try:
+        return server.start()
+    except LaunchError as exc:
+        say(f"error: {exc}")
+        for line in exc.log_tail:
+            say(f"  | {line}")
+        return None
+
+
 def serve_foreground(server: Server, say: Say = print) -> int:
     """Start, print one ready line, stay until SIGINT/SIGTERM, stop everything. Returns the exit code."""
     stop_requested = threading.Event()
@@ -397,12 +408,8 @@ def serve_foreground(server: Server, say: Say = print) -> int:
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        try:
-            ready = server.start()
-        except LaunchError as exc:
-            say(f"error: {exc}")
-            for line in exc.log_tail:
-                say(f"  | {line}")
+        ready = start_or_report(server, say)
+        if ready is None:
             return 1
         say(ready.line())
         sys.stdout.flush()

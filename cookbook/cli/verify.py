@@ -16,8 +16,8 @@ from typing import Any
 from ..checks import CheckContext, run_checks, selected_checks
 from ..checks.registry import verified_table
 from ..endpoint import Endpoint
-from ..errors import CookbookError, LaunchError
-from ..launch import Server, attach, free_port, launch_flags
+from ..errors import CookbookError
+from ..launch import Server, attach, free_port, launch_flags, start_or_report
 from ..recipes import Recipe
 from ..results import Hardware, RunResults, write_results
 from ._common import add_server_args, recipe_from
@@ -136,12 +136,8 @@ def _run_launched(args: argparse.Namespace, names: list[str] | None, recipe: Rec
     flags = launch_flags(recipe, args.launch_profile, args.launch_override)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     server = Server(recipe, port=free_port(), extra_flags=flags, say=say)
-    try:
-        ready = server.start()
-    except LaunchError as exc:
-        say(f"error: {exc}")
-        for line in exc.log_tail:
-            say(f"  | {line}")
+    ready = start_or_report(server, say)
+    if ready is None:
         return 1
     try:
         say(ready.line())
