@@ -565,7 +565,9 @@ def probe_same_step(
     max_tokens = min(ctx.max_tokens, 24)
     timeout = _timeout(ctx, prefix_tokens * k)
     solos = [complete(endpoint, completion_body(endpoint, p, new_salt("solo"), max_tokens), timeout) for p in prompts]
-    gate_tokens = max(block, min(budget - 1, 4 * prefix_tokens, layout.max_model_len - 8))
+    # The gate fills whole steps: two full chunks when the context allows (the step of its second chunk has no
+    # budget left, so a burst that arrives during either waits for the step after it), else one chunk.
+    gate_tokens = 2 * budget if 2 * budget <= layout.max_model_len - 8 else min(budget, layout.max_model_len - 8)
     gate_prompt = source.tokens("same-step-gate", gate_tokens)
     salts = [new_salt("burst-a"), new_salt("burst-b")]
     bodies = [completion_body(endpoint, p, salts[g], max_tokens) for p, g in zip(prompts, groups)]
@@ -619,6 +621,11 @@ def probe_same_step(
     return report, evidence
 
 
+def _steps(gate_tokens: int, layout: EngineLayout) -> str:
+    steps = max(1, gate_tokens // (layout.max_num_batched_tokens or gate_tokens))
+    return "one full step" if steps == 1 else f"{steps} full steps"
+
+
 @check(
     "same-step-prefix",
     "Same-step shared prefixes: requests hitting blocks written in their own scheduler step vs solo runs",
@@ -637,7 +644,8 @@ def same_step_prefix(ctx: CheckContext) -> CheckOutcome:
                **report.model_dump()}
     hits = [r.cached_tokens for r in report.requests if r.role == "hit"]
     head = (f"{len(report.requests)} requests sharing a {format_tokens(report.prefix_tokens)}-token prefix, queued "
-            f"behind a {format_tokens(report.gate_tokens)}-token prefill and scheduled together")
+            f"behind a {format_tokens(report.gate_tokens)}-token prefill ({_steps(report.gate_tokens, layout)}) and scheduled "
+            "together")
     equality = _equality_phrase(report.comparisons, expect)
     failed = bool(evidence)
     if not report.reached and not failed:
