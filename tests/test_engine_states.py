@@ -290,9 +290,8 @@ def test_the_small_pool_preempts_and_chunks_and_every_output_equals_its_solo_run
 @pytest.mark.integration
 @pytest.mark.parametrize("fault,name", [
     (RepeatTail(), "preemption"),
-    (CorruptInFlight(), "preemption"),
     (ShiftPromptLogprobs(boundary=640), "chunked-prompt-logprobs"),
-], ids=["repeat-tail", "corrupt-in-flight", "shift-prompt-logprobs"])
+], ids=["repeat-tail", "shift-prompt-logprobs"])
 def test_faults_fail_the_small_pool_probes(
     small_pool: tuple[Endpoint, dict[str, Any]], cpu_recipe: Recipe, fault: Any, name: str
 ) -> None:

@@ -351,10 +351,12 @@ def first_divergence(
     judge: Judge | None = None,
     prompt: list[int] | None = None,
     drift: float = 0.0,
+    judge_margin: float = math.inf,
 ) -> Divergence | None:
     """Where `run` first took another token than `solo`; a tie when both candidates were within `tie_margin` of
     each other in the solo run's top-k and at most `tie_margin + drift` apart in the run's (or when `judge`, the
-    reference, says so)."""
+    reference, says so: it is asked only when the solo run had the two within `judge_margin`; a flip to a token
+    further below in the solo run's own top-k, or outside it, fails without it)."""
     for index, (a, b) in enumerate(zip(solo.token_ids, run.token_ids)):
         if a == b:
             continue
@@ -369,7 +371,7 @@ def first_divergence(
             and run_margin <= tie_margin + drift else "fail"
         )
         judged_by = f"tie margin {tie_margin:g} in the solo run's top-{TOP_K}"
-        if judge is not None and prompt is not None:
+        if judge is not None and prompt is not None and margin is not None and margin <= judge_margin:
             judged = judge(prompt + solo.token_ids[:index], a, b)
             if judged is not None:
                 verdict, judged_by = judged
@@ -406,7 +408,8 @@ def compare_runs(
         comparison.problems.append(
             f"{name}: {len(run.token_ids)} tokens generated, the solo run {len(solo.token_ids)} (same max_tokens, ignore_eos)"
         )
-    divergence = first_divergence(solo, run, expect.tie_margin, judge, prompt, expect.max_logprob_diff)
+    divergence = first_divergence(solo, run, expect.tie_margin, judge, prompt, expect.max_logprob_diff,
+                                  getattr(judge, "margin", math.inf))
     comparison.divergence = divergence
     if divergence is not None and divergence.verdict == "fail":
         margin = f"{divergence.margin:.3g}" if divergence.margin is not None else "not in the solo's top-k"
@@ -565,9 +568,11 @@ def probe_same_step(
     max_tokens = min(ctx.max_tokens, 24)
     timeout = _timeout(ctx, prefix_tokens * k)
     solos = [complete(endpoint, completion_body(endpoint, p, new_salt("solo"), max_tokens), timeout) for p in prompts]
-    # The gate fills whole steps: two full chunks when the context allows (the step of its second chunk has no
-    # budget left, so a burst that arrives during either waits for the step after it), else one chunk.
-    gate_tokens = 2 * budget if 2 * budget <= layout.max_model_len - 8 else min(budget, layout.max_model_len - 8)
+    # The gate fills whole steps (no budget left beside it, so a burst arriving during any of them waits for the
+    # step after): one by default, more with the parameter gate_steps for a server whose one-step prefill is
+    # over before the burst is sent (the result says so).
+    steps = max(1, _param_int(ctx, "gate_steps") or 1)
+    gate_tokens = min(steps * budget, (layout.max_model_len - 8) // budget * budget or layout.max_model_len - 8)
     gate_prompt = source.tokens("same-step-gate", gate_tokens)
     salts = [new_salt("burst-a"), new_salt("burst-b")]
     bodies = [completion_body(endpoint, p, salts[g], max_tokens) for p, g in zip(prompts, groups)]
@@ -598,7 +603,7 @@ def probe_same_step(
         why_not = "the gate request's first token never came, so the burst's step cannot be told"
     elif margin <= 0:
         why_not = (f"the gate's prefill ended {-margin:.2f} s before the last burst request was sent: the burst may "
-                   "have been split across steps (a faster server needs a longer gate)")
+                   "have been split across steps (a faster server needs a longer gate: parameter gate_steps)")
     hits = [r for r in requests if r.role == "hit"]
     if why_not is None and not all(r.cached_tokens for r in hits):
         why_not = ("the requests meant to hit blocks written in their own step reported cached_tokens "
@@ -1148,6 +1153,7 @@ def reference_judge(ctx: CheckContext, expect: Expectation) -> tuple[Judge | Non
         verdict = reference_mod.judge_divergence(score.greedy[0], solo_token, run_token, tolerance.tie_margin)
         return ("fail" if verdict.failed else "tie"), f"the reference ({ref.source}): {verdict.note}"
 
+    judge.margin = tolerance.tie_margin + expect.max_logprob_diff  # type: ignore[attr-defined]
     return judge, f"the reference: {why} (tie margin from {tolerance_from})"
 
 
