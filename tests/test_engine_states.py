@@ -206,7 +206,7 @@ def test_a_server_that_cannot_preempt_is_inconclusive_with_why(cpu_server: Endpo
 @pytest.mark.integration
 @pytest.mark.parametrize("name", ["same-step-prefix", "batch-composition"])
 def test_corrupting_requests_in_flight_fails_the_probe(cpu_server: Endpoint, cpu_recipe: Recipe, name: str) -> None:
-    with FaultProxy(cpu_server.base_url, CorruptInFlight()) as proxy:
+    with FaultProxy(cpu_server.base_url, CorruptInFlight(), timeout_s=900) as proxy:  # a loaded machine is slow
         result = _check(_run(Endpoint(proxy.base_url, cpu_server.model), cpu_recipe, [name], **SMALL_BATCH), name)
     assert result.status == "fail", result.result
     assert any(re.search(CorruptInFlight.symptom, e.note) for e in result.evidence)
@@ -296,7 +296,7 @@ def test_faults_fail_the_small_pool_probes(
     small_pool: tuple[Endpoint, dict[str, Any]], cpu_recipe: Recipe, fault: Any, name: str
 ) -> None:
     endpoint, flags = small_pool
-    with FaultProxy(endpoint.base_url, fault.fresh()) as proxy:
+    with FaultProxy(endpoint.base_url, fault.fresh(), timeout_s=900) as proxy:
         result = _check(_run(Endpoint(proxy.base_url, endpoint.model), cpu_recipe, [name], launch_overrides=flags), name)
     assert result.status == "fail", result.result
     assert any(re.search(fault.symptom, e.note) for e in result.evidence), [e.note for e in result.evidence]
