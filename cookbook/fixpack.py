@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import FixPackError
 
@@ -36,10 +36,24 @@ class Probe(_Model):
     probe: str
 
 
+def _inside_package(rel: str) -> str:
+    """A pack path must stay inside site-packages (apply_all.py refuses the same paths): no '..', '.', empty or
+    absolute parts."""
+    parts = rel.split("/")
+    if rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{rel!r} is not a path inside a package")
+    return rel
+
+
 class Target(_Model):
     path: str = Field(description="Package-relative path, e.g. vllm/compilation/decorators.py")
     pre: str | None = Field(description="sha256 in the pristine image; None: the fix creates the file")
     post: str | None = Field(description="sha256 after this fix alone; None: unknown (no payload) or deleted")
+
+    @field_validator("path")
+    @classmethod
+    def _path_inside(cls, path: str) -> str:
+        return _inside_package(path)
 
 
 class Fix(_Model):
@@ -88,6 +102,13 @@ class Profile(_Model):
     files: dict[str, str | None] = Field(description="Path -> pristine sha256 (None: must be absent)")
     fixes: list[str] = Field(description="Every fix of the profile, opt-in ones included, in pack order")
     notes: str = ""
+
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, files: dict[str, str | None]) -> dict[str, str | None]:
+        for rel in files:
+            _inside_package(rel)
+        return files
 
 
 class RequiredFix(_Model):

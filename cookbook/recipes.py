@@ -372,10 +372,7 @@ def _id_from_path(path: Path) -> str:
 
 def _check_against_fix_pack(recipe: Recipe) -> None:
     """A recipe may only name fixes the pack has, and only opt-in fixes as opt-ins."""
-    try:
-        from . import fixpack
-    except ImportError:  # the fix pack's reader lands with the fix pack
-        return
+    from . import fixpack
 
     pack = fixpack.load_pack()
     where = recipe.path

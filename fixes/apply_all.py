@@ -12,16 +12,20 @@ bare vllm-gaudi (or vllm-cpu) image before ``vllm serve``.  The pack lives next 
 Guarantees: nothing is written unless the image matches and every selected payload applies; each file is written
 via a temp file and an atomic rename; a failure restores every touched file; a journal written before the first
 rename lets the next run repair a run that was killed; a ledger next to the package makes re-runs no-ops and
-reverts byte-identical.  See docs/fixes.md for the format, the ledger and the exit codes.
+reverts byte-identical; when the ledger or journal cannot be trusted, a full revert restores the originals saved
+before the first write (the blob store).  ``--capture`` is the authoring side: it writes a fix's payload and hashes
+from an edited copy of the image's files.  See docs/fixes.md for the format, the ledger, recovery and exit codes.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -54,6 +58,24 @@ class FixError(Exception):
         self.code = code
         self.details = details or []
         self.data = data or {}
+
+
+class StateError(FixError):
+    """The ledger or the journal cannot be trusted: unreadable, or a field missing or of the wrong type (exit 3).
+
+    ``problem`` is the one-line diagnosis; the message adds the command that gets the image back."""
+
+    def __init__(self, path: Path, problem: str, hint: str = "") -> None:
+        super().__init__(EXIT_STATE, f"{path}: {problem}" + (f"; {hint}" if hint else ""))
+        self.path = path
+        self.problem = problem
+
+
+def safe_rel(rel: object) -> bool:
+    """A package-relative path that cannot leave site-packages: no '..', '.', empty or absolute parts."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
+        return False
+    return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
 def sha256(data: bytes | None) -> str | None:
@@ -316,6 +338,9 @@ def _load_fix(path: Path, profile: str) -> Fix:
         for t in raw_targets:
             if not isinstance(t, dict) or not isinstance(t.get("path"), str):
                 raise _pack_error(path, "each target needs a 'path'")
+            if not safe_rel(t["path"]):
+                raise _pack_error(path, f"target '{t['path']}' is not a path inside a package "
+                                        f"(no '..', '.', empty or absolute parts)")
             for key in ("pre", "post"):
                 if t.get(key) is not None and not SHA_RE.match(str(t[key])):
                     raise _pack_error(path, f"target {t['path']}: '{key}' is not a sha256")
@@ -368,9 +393,6 @@ def load_pack(root: Path = PACK_DIR) -> Pack:
             pins.append(Pin(raw.get("what", raw["dist"]), raw["dist"], raw.get("version"),
                             raw.get("version_prefix"), raw.get("commit"), bool(raw.get("required", True))))
         files = _require(meta, "files", dict, pfile)
-        for rel, digest in files.items():
-            if digest is not None and not SHA_RE.match(str(digest)):
-                raise _pack_error(pfile, f"file {rel}: not a sha256")
         fixes = []
         for ffile in sorted(pfile.parent.glob("*/fix.json")):
             fix = _load_fix(ffile, name)
@@ -385,6 +407,12 @@ def load_pack(root: Path = PACK_DIR) -> Pack:
                     raise _pack_error(ffile, f"target {t.path}: pre sha256 differs from the profile's")
             seen[fix.id] = fix
             fixes.append(fix)
+        for rel, digest in files.items():  # after the fixes, so a bad target path is named in its fix.json
+            if not safe_rel(rel):
+                raise _pack_error(pfile, f"file '{rel}' is not a path inside a package "
+                                         f"(no '..', '.', empty or absolute parts)")
+            if digest is not None and not SHA_RE.match(str(digest)):
+                raise _pack_error(pfile, f"file {rel}: not a sha256")
         fixes.sort(key=lambda f: order.index(f.id))
         profiles[name] = Profile(name, meta.get("title", name), meta.get("image", ""),
                                  _require(meta, "anchor", str, pfile), pins, files, fixes)
@@ -496,6 +524,24 @@ class Image:
         site = self.sites.get(rel.split("/", 1)[0])
         return None if site is None else site / rel
 
+    def write_path(self, rel: str) -> Path | None:
+        """Where writing ``rel`` goes: the file itself, or, for a symlink, the file it points to (so the link stays
+        a link).  A link that is dangling or leaves the package's site-packages folder is refused (exit 4)."""
+        path = self.path(rel)
+        if path is None or not path.is_symlink():
+            return path
+        site = self.sites[rel.split("/", 1)[0]]
+        assert site is not None
+        try:
+            real = path.resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise FixError(EXIT_IO, f"symlinked target: {rel} is a dangling symlink ({os.readlink(path)}); "
+                                    f"refusing to write through it; nothing written") from None
+        if not real.is_relative_to(site.resolve()):
+            raise FixError(EXIT_IO, f"symlinked target: {rel} is a symlink to {real}, outside {site}; refusing to "
+                                    f"write outside site-packages; nothing written")
+        return real
+
     def read(self, rel: str) -> bytes | None:
         path = self.path(rel)
         if path is None:
@@ -545,13 +591,15 @@ def remove_file(path: Path) -> None:
         pass
 
 
-def drop_pycache(path: Path) -> None:
-    """Remove compiled copies of a patched module: images may compile with unchecked-hash pycs."""
-    if path.suffix != ".py":
-        return
-    cache = path.parent / "__pycache__"
-    for pyc in cache.glob(f"{path.stem}.*.pyc"):
-        remove_file(pyc)
+def drop_pycache(*paths: Path | None) -> None:
+    """Remove compiled copies of a patched module (under its own name and, for a symlink, its target's): images
+    may compile with unchecked-hash pycs."""
+    for path in paths:
+        if path is None or path.suffix != ".py":
+            continue
+        cache = path.parent / "__pycache__"
+        for pyc in cache.glob(f"{path.stem}.*.pyc"):
+            remove_file(pyc)
 
 
 class Lock:
@@ -607,19 +655,125 @@ class Lock:
             self.fd = None
 
 
-def read_ledger(state: Path | None) -> dict[str, Any] | None:
-    if state is None:
-        return None
-    path = state / "ledger.json"
+def revert_hint(profile: str | None, root: Path | None, force: bool = False) -> str:
+    """The command that gets an image back to its originals from the blob store."""
+    where = f" --root {root}" if root is not None else ""
+    name = profile or "NAME"
+    return f"`apply_all.py --revert{' --force' if force else ''} --profile {name}{where}`"
+
+
+def _sha_or_null(value: object) -> bool:
+    return value is None or (isinstance(value, str) and SHA_RE.match(value) is not None)
+
+
+def _int_or_null(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+class _Fields:
+    """Checks one state file field by field; the first problem is a StateError naming the field."""
+
+    def __init__(self, path: Path, hint: str) -> None:
+        self.path = path
+        self.hint = hint
+
+    def fail(self, problem: str) -> StateError:
+        return StateError(self.path, problem, self.hint)
+
+    def get(self, obj: dict[str, Any], key: str, name: str, ok: Any, what: str) -> Any:
+        if key not in obj:
+            raise self.fail(f"field '{name}' is missing")
+        if not ok(obj[key]):
+            raise self.fail(f"field '{name}' should be {what}")
+        return obj[key]
+
+    def ledger(self, data: object, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail(f"field '{prefix.rstrip('.')}' should be an object" if prefix else "not a JSON object")
+        fmt = self.get(data, "format", prefix + "format", lambda v: isinstance(v, int), "an integer")
+        if fmt != LEDGER_FORMAT:
+            raise self.fail(f"field '{prefix}format' is {fmt}; this tool reads format {LEDGER_FORMAT}")
+        self.get(data, "profile", prefix + "profile", lambda v: isinstance(v, str), "a profile name")
+        applied = self.get(data, "applied", prefix + "applied", lambda v: isinstance(v, list), "a list")
+        for n, entry in enumerate(applied):
+            name = f"{prefix}applied[{n}]"
+            if not isinstance(entry, dict):
+                raise self.fail(f"field '{name}' should be an object")
+            self.get(entry, "id", f"{name}.id", lambda v: isinstance(v, str), "a fix id")
+            self.get(entry, "payload_sha256", f"{name}.payload_sha256", _sha_or_null, "a sha256")
+            files = self.get(entry, "files", f"{name}.files", lambda v: isinstance(v, dict), "an object")
+            for rel, digest in files.items():
+                if not safe_rel(rel):
+                    raise self.fail(f"field '{name}.files.{rel}' is not a path inside a package")
+                if not _sha_or_null(digest):
+                    raise self.fail(f"field '{name}.files.{rel}' should be a sha256 or null")
+        files = self.get(data, "files", prefix + "files", lambda v: isinstance(v, dict), "an object")
+        for rel, rec in files.items():
+            name = f"{prefix}files.{rel}"
+            if not safe_rel(rel):
+                raise self.fail(f"field '{name}' is not a path inside a package")
+            if not isinstance(rec, dict):
+                raise self.fail(f"field '{name}' should be an object")
+            for key in ("pristine", "current"):
+                self.get(rec, key, f"{name}.{key}", _sha_or_null, "a sha256 or null")
+        return data
+
+    def journal(self, data: object) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail("not a JSON object")
+        fmt = self.get(data, "format", "format", lambda v: isinstance(v, int), "an integer")
+        if fmt != LEDGER_FORMAT:
+            raise self.fail(f"field 'format' is {fmt}; this tool reads format {LEDGER_FORMAT}")
+        entries = self.get(data, "files", "files", lambda v: isinstance(v, list), "a list")
+        for n, entry in enumerate(entries):
+            name = f"files[{n}]"
+            if not isinstance(entry, dict):
+                raise self.fail(f"field '{name}' should be an object")
+            self.get(entry, "path", f"{name}.path", safe_rel, "a path inside a package")
+            self.get(entry, "before", f"{name}.before", _sha_or_null, "a sha256 or null")
+            self.get(entry, "after", f"{name}.after", _sha_or_null, "a sha256 or null")
+            self.get(entry, "mode", f"{name}.mode", _int_or_null, "an integer or null")
+        before = self.get(data, "ledger_before", "ledger_before", lambda v: v is None or isinstance(v, dict),
+                          "a ledger object or null")
+        if before is not None:
+            self.ledger(before, "ledger_before.")
+        return data
+
+
+def _read_state_json(path: Path, kind: str, hint: str) -> object | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise FixError(EXIT_STATE, f"ledger {path} is unreadable ({exc}); repair or remove it by hand") from None
-    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
-        raise FixError(EXIT_STATE, f"ledger {path} has an unknown format")
-    return data
+        raise StateError(path, f"{kind} is unreadable ({exc})", hint) from None
+
+
+def read_ledger(state: Path | None, hint: str = "") -> dict[str, Any] | None:
+    """The ledger, checked field by field (a damaged one is a StateError naming the field, never a traceback)."""
+    if state is None:
+        return None
+    path = state / "ledger.json"
+    data = _read_state_json(path, "ledger", hint)
+    return None if data is None else _Fields(path, hint).ledger(data)
+
+
+def read_journal(image: Image, hint: str = "") -> dict[str, Any] | None:
+    """The journal of an interrupted run, checked field by field; its files must be files of the profile."""
+    state = image.state_dir
+    if state is None:
+        return None
+    path = state / "journal.json"
+    data = _read_state_json(path, "journal", hint)
+    if data is None:
+        return None
+    fields = _Fields(path, hint)
+    journal = fields.journal(data)
+    for n, entry in enumerate(journal["files"]):
+        if entry["path"] not in image.profile.files:
+            raise fields.fail(f"field 'files[{n}].path' ({entry['path']}) is not a file of profile "
+                              f"{image.profile.name}")
+    return journal
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -646,24 +800,25 @@ def load_blob(state: Path, digest: str) -> bytes:
     return data
 
 
-def recover(image: Image, dry_run: bool = False) -> str | None:
+def recover(image: Image, dry_run: bool = False, hint: str = "") -> str | None:
     """Repair a run that was killed mid-apply: roll every journaled file back to its state before that run.
 
     Called with the exclusive lock held, so a journal here means its writer died."""
     state = image.state_dir
-    if state is None or not (state / "journal.json").exists():
+    if state is None:
         return None
     journal_path = state / "journal.json"
-    try:
-        journal = json.loads(journal_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FixError(EXIT_STATE, f"partial state: journal {journal_path} is unreadable ({exc})") from None
+    journal = read_journal(image, hint)
+    if journal is None:
+        return None
+    if journal["ledger_before"] is not None:
+        check_ledger_files(image, journal["ledger_before"], journal_path, hint)
     if dry_run:
         raise FixError(EXIT_STATE, f"partial state: an interrupted run (pid {journal.get('pid')}) left "
                                    f"{journal_path}; a real run repairs it first")
     restored = 0
     for entry in journal["files"]:
-        path = image.path(entry["path"])
+        path = image.write_path(entry["path"])
         if path is None:
             raise FixError(EXIT_STATE, f"partial state: {entry['path']} cannot be located to repair it")
         tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
@@ -672,13 +827,13 @@ def recover(image: Image, dry_run: bool = False) -> str | None:
         if current == entry["before"]:
             continue
         if current != entry["after"]:
-            raise FixError(EXIT_STATE, f"partial state: {path} is neither before nor after the interrupted run "
-                                       f"(found {short(current)}); repair by hand")
+            raise StateError(journal_path, f"partial state: {path} is neither before nor after the interrupted run "
+                                           f"(found {short(current)})", hint)
         if entry["before"] is None:
             remove_file(path)
         else:
             write_atomic(path, load_blob(state, entry["before"]), entry.get("mode"))
-        drop_pycache(path)
+        drop_pycache(path, image.path(entry["path"]))
         restored += 1
     if journal.get("ledger_before") is None:
         remove_file(state / "ledger.json")
@@ -706,10 +861,12 @@ class Plan:
         return [rel for rel in self.profile.files if self.current.get(rel) != self.target.get(rel)]
 
 
-def gate(image: Image, ledger: dict[str, Any] | None) -> tuple[dict[str, bytes | None], list[dict[str, Any]]]:
+def gate(image: Image, ledger: dict[str, Any] | None, allow_drift: bool = False
+         ) -> tuple[dict[str, bytes | None], list[dict[str, Any]]]:
     """Read every profile file and compare with the pristine image (or the ledger's record).
 
-    Raises exit 3 for drift from what we applied, exit 2 (with a table) for an image that is not the pinned one."""
+    Raises exit 3 for drift from what we applied (unless ``allow_drift``: a forced revert; such rows carry
+    ``"drift": True``), exit 2 (with a table) for an image that is not the pinned one."""
     profile = image.profile
     ledger_files = (ledger or {}).get("files", {})
     current: dict[str, bytes | None] = {}
@@ -731,17 +888,35 @@ def gate(image: Image, ledger: dict[str, Any] | None) -> tuple[dict[str, bytes |
             if found != want:
                 drift.append(f"{rel} (applied {short(want)}, found {short(found)})")
             rows.append({"what": rel, "expected": f"{short(want)} (applied)", "found": short(found),
-                         "ok": found == want})
+                         "ok": found == want or allow_drift, **({"drift": True} if found != want else {})})
         else:
             rows.append({"what": rel, "expected": short(pristine), "found": short(found), "ok": found == pristine})
-    if drift:
-        raise FixError(EXIT_STATE, f"drift: changed since the fixes were applied: {'; '.join(drift)}",
-                       data={"gate": rows})
+    if drift and not allow_drift:
+        raise FixError(EXIT_STATE, f"drift: changed since the fixes were applied: {'; '.join(drift)}; to recover: "
+                                   f"put back the applied version of each (--status shows it) and run again, or "
+                                   f"{revert_hint(profile.name, image.root, force=True)} to restore the saved "
+                                   f"originals, discarding that change", data={"gate": rows})
     if not all(r["ok"] for r in rows):
+        saved = orphaned_originals(image, ledger, current)
+        hint = (f"; {', '.join(saved)} {'was' if len(saved) == 1 else 'were'} patched by an earlier run whose "
+                f"ledger is gone (the originals are saved): {revert_hint(profile.name, image.root)} restores them"
+                if saved else "")
         raise FixError(EXIT_IMAGE, f"image mismatch: this is not the image profile {profile.name} pins "
-                                   f"({profile.image}); nothing written",
+                                   f"({profile.image}); nothing written{hint}",
                        details=gate_table(rows), data={"gate": rows})
     return current, rows
+
+
+def orphaned_originals(image: Image, ledger: dict[str, Any] | None, current: dict[str, bytes | None]) -> list[str]:
+    """Files that differ from the profile while no ledger records them, whose originals are in the blob store: the
+    trace of a ledger removed by hand."""
+    state = image.state_dir
+    recorded = (ledger or {}).get("files", {})
+    if state is None or not (state / "blobs").is_dir():
+        return []
+    return [rel for rel, want in image.profile.files.items()
+            if rel not in recorded and want is not None and sha256(current.get(rel)) != want
+            and (state / "blobs" / want).is_file()]
 
 
 def gate_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -802,7 +977,7 @@ def check_writable(image: Image, rels: list[str]) -> None:
     """Fail before writing anything if a target or its folder cannot be written (read-only volume, chattr +i)."""
     state = image.state_dir
     assert state is not None
-    dirs = {state.parent} | {p.parent for p in (image.path(r) for r in rels) if p is not None}
+    dirs = {state.parent} | {p.parent for p in (image.write_path(r) for r in rels) if p is not None}
     for d in sorted(dirs):
         while not d.exists() and d != d.parent:  # a fix may create a folder: probe where it would go
             d = d.parent
@@ -815,7 +990,7 @@ def check_writable(image: Image, rels: list[str]) -> None:
             raise FixError(EXIT_IO, f"read-only target: cannot write in {d}: {exc.strerror}; nothing written") \
                 from None
     for rel in rels:
-        path = image.path(rel)
+        path = image.write_path(rel)
         if path is not None and path.exists() and not os.access(path, os.W_OK):
             raise FixError(EXIT_IO, f"read-only target: {path} is not writable; nothing written")
 
@@ -831,7 +1006,7 @@ def commit(image: Image, plan: Plan, ledger_before: dict[str, Any] | None,
     try:
         state.mkdir(exist_ok=True)
         for rel in rels:
-            path = image.path(rel)
+            path = image.write_path(rel)
             assert path is not None
             before = plan.current[rel]
             mode = path.stat().st_mode & 0o7777 if before is not None else None
@@ -848,16 +1023,17 @@ def commit(image: Image, plan: Plan, ledger_before: dict[str, Any] | None,
     try:
         for entry in entries:
             rel = entry["path"]
-            path = image.path(rel)
-            assert path is not None
+            path = image.write_path(rel)  # a symlink's target: the link itself stays
+            link = image.path(rel)
+            assert path is not None and link is not None
             new = plan.target[rel]
             done.append((rel, path, entry["mode"]))
             if new is None:
-                remove_file(path)
+                remove_file(link)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, new, entry["mode"])
-            drop_pycache(path)
+            drop_pycache(link, path)
         if ledger_after is None:
             remove_file(state / "ledger.json")
         else:
@@ -935,6 +1111,110 @@ def make_ledger(plan: Plan) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Recovery from the blob store: the way back when the ledger or the journal cannot be trusted.
+# --------------------------------------------------------------------------------------------------------------
+
+MAX_STACKED = 10  # fixes on one file whose subsets are tried (2**10 in-memory applies at most)
+
+
+def known_states(profile: Profile, rel: str, pristine: bytes | None) -> set[str | None]:
+    """Every sha256 ``rel`` can have after the profile's payloads, any subset of them in pack order, were applied
+    to the pristine file: the states this tool may have left it in."""
+    patches = []
+    for fix in profile.fixes:
+        if fix.has_payload and any(t.path == rel for t in fix.targets or []):
+            try:
+                patches.append([p for p in parse_diff(fix.payload(), fix.id) if p.path == rel])
+            except (OSError, ValueError):
+                continue
+    states = {sha256(pristine)}
+    for mask in range(1, 2 ** min(len(patches), MAX_STACKED)):
+        data: bytes | None = pristine
+        try:
+            for n, fix_patches in enumerate(patches[:MAX_STACKED]):
+                if mask >> n & 1:
+                    for patch in fix_patches:
+                        data = apply_file_patch(data, patch)
+        except HunkMismatch:
+            continue
+        states.add(sha256(data))
+    return states
+
+
+def has_saved_state(state: Path | None) -> bool:
+    """Anything an earlier run left that a revert can use: a ledger, a journal or saved originals."""
+    if state is None:
+        return False
+    blobs = state / "blobs"
+    return ((state / "ledger.json").exists() or (state / "journal.json").exists()
+            or (blobs.is_dir() and any(blobs.iterdir())))
+
+
+def revert_from_blobs(image: Image, reason: str, dry_run: bool, force: bool) -> Outcome:
+    """Restore every file of the profile to the profile's pristine bytes from the blob store, without the ledger.
+
+    Safe without a ledger because each file is restored only when its current bytes are a state the pack's own
+    payloads produce (or with ``force``), and the bytes restored are the ones whose sha256 the profile pins.  All or
+    nothing: any file that cannot be restored stops the run before anything is written.  Called with the lock."""
+    profile = image.profile
+    state = image.state_dir
+    assert state is not None
+    current: dict[str, bytes | None] = {}
+    pristine: dict[str, bytes | None] = {}
+    problems: list[str] = []
+    unknown: list[str] = []
+    for rel, want in profile.files.items():
+        path = image.write_path(rel)
+        if path is None:
+            problems.append(f"{rel}: its package is not installed here")
+            continue
+        if not dry_run:
+            remove_file(path.with_name(f".{path.name}{TMP_SUFFIX}"))  # a temp file of a killed run
+        data = image.read(rel)
+        current[rel] = pristine[rel] = data
+        if sha256(data) == want:
+            continue
+        if want is not None:
+            if not (state / "blobs" / want).is_file():
+                problems.append(f"{rel} differs from the image (found {short(sha256(data))}) and its original is "
+                                f"not in the blob store")
+                continue
+            pristine[rel] = load_blob(state, want)
+        else:
+            pristine[rel] = None
+        if sha256(data) not in known_states(profile, rel, pristine[rel]):
+            unknown.append(rel)
+    if problems:
+        raise FixError(EXIT_STATE, f"cannot restore from the saved originals: {'; '.join(problems)}; nothing written")
+    if unknown and not force:
+        raise FixError(EXIT_STATE, f"cannot restore from the saved originals: {', '.join(unknown)} "
+                                   f"{'is' if len(unknown) == 1 else 'are'} in no state this pack's fixes produce "
+                                   f"(changed by someone else?); nothing written; "
+                                   f"{revert_hint(profile.name, image.root, force=True)} restores the saved "
+                                   f"originals anyway, discarding those changes")
+    plan = Plan(profile, [], current, pristine, {}, pristine)
+    changed = plan.changes()
+    lines = [f"apply_all: {profile.name}: {reason}"]
+    if dry_run:
+        lines.append(f"apply_all: {profile.name}: would restore {_n(len(changed), 'file')} from the saved originals"
+                     + (f": {', '.join(changed)}" if changed else ""))
+        return Outcome(EXIT_OK, lines, {"profile": profile.name, "result": "dry-run", "reverted": [],
+                                        "changed": changed, "from_blobs": True})
+    if changed:
+        commit(image, plan, None, None, "revert")
+    else:
+        remove_file(state / "journal.json")
+        remove_file(state / "ledger.json")
+        gc_blobs(state, None)
+    if unknown:
+        lines.append(f"apply_all: {profile.name}: discarded the change to {', '.join(unknown)} (--force)")
+    lines.append(f"apply_all: {profile.name}: restored {_n(len(changed), 'file')} from the saved originals"
+                 + (f" ({', '.join(changed)})" if changed else ""))
+    return Outcome(EXIT_OK, lines, {"profile": profile.name, "result": "reverted", "reverted": [],
+                                    "changed": changed, "from_blobs": True, "discarded": unknown})
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Commands.
 # --------------------------------------------------------------------------------------------------------------
 
@@ -968,19 +1248,30 @@ def select(profile: Profile, opt_ins: Sequence[str]) -> list[Fix]:
     return chosen
 
 
-def check_ledger_profile(image: Image, ledger: dict[str, Any] | None) -> None:
-    if ledger is not None and ledger.get("profile") != image.profile.name:
-        raise FixError(EXIT_STATE, f"conflict: profile {ledger.get('profile')} is applied here, not "
+def check_ledger_profile(image: Image, ledger: dict[str, Any] | None, hint: str = "") -> None:
+    if ledger is None:
+        return
+    if ledger["profile"] != image.profile.name:
+        raise FixError(EXIT_STATE, f"conflict: profile {ledger['profile']} is applied here, not "
                                    f"{image.profile.name}; revert it first")
+    assert image.state_dir is not None
+    check_ledger_files(image, ledger, image.state_dir / "ledger.json", hint)
 
 
-def evaluate(image: Image, selected: list[Fix], ledger: dict[str, Any] | None
+def check_ledger_files(image: Image, ledger: dict[str, Any], path: Path, hint: str) -> None:
+    """A ledger may only name files of its profile: the tool restores and rewrites what it names."""
+    for rel in ledger["files"]:
+        if rel not in image.profile.files:
+            raise StateError(path, f"field 'files.{rel}' is not a file of profile {image.profile.name}", hint)
+
+
+def evaluate(image: Image, selected: list[Fix], ledger: dict[str, Any] | None, hint: str = ""
              ) -> tuple[Plan | None, list[dict[str, Any]]]:
     """Everything but writing: image gate, applied-vs-selected, payloads, the in-memory plan.
 
     Returns (None, gate rows) when the selection is already applied."""
     profile = image.profile
-    check_ledger_profile(image, ledger)
+    check_ledger_profile(image, ledger, hint)
     current, rows = gate(image, ledger)
     applied = [a["id"] for a in (ledger or {}).get("applied", [])]
     wanted = [f.id for f in selected]
@@ -1024,13 +1315,14 @@ def cmd_apply(pack: Pack, profile: Profile, opt_ins: Sequence[str], root: Path |
                 raise
     lines: list[str] = []
     wanted = [f.id for f in selected]
+    hint = f"{revert_hint(profile.name, root)} restores the originals from the blob store"
     with Lock(state, lock_timeout, exclusive=not dry_run):
-        repaired = recover(image, dry_run=dry_run)
+        repaired = recover(image, dry_run=dry_run, hint=hint)
         if repaired:
             lines.append(f"apply_all: {repaired}")
-        ledger = read_ledger(state)
+        ledger = read_ledger(state, hint)
         applied = [a["id"] for a in (ledger or {}).get("applied", [])]
-        plan, rows = evaluate(image, selected, ledger)
+        plan, rows = evaluate(image, selected, ledger, hint)
         data: dict[str, Any] = {"profile": profile.name, "selected": wanted, "gate": rows}
         if plan is None:
             lines.append(f"apply_all: {profile.name}: already applied ({_n(len(wanted), 'fix')}), nothing to do")
@@ -1050,7 +1342,7 @@ def cmd_apply(pack: Pack, profile: Profile, opt_ins: Sequence[str], root: Path |
 
 
 def cmd_revert(pack: Pack, profile: Profile, names: Sequence[str], root: Path | None, dry_run: bool,
-               lock_timeout: float) -> Outcome:
+               lock_timeout: float, force: bool = False) -> Outcome:
     for name in names:
         if profile.fix(name) is None:
             raise FixError(EXIT_USAGE, f"unknown fix '{name}' for profile {profile.name}")
@@ -1059,16 +1351,24 @@ def cmd_revert(pack: Pack, profile: Profile, names: Sequence[str], root: Path | 
     if state is None or not state.exists():
         return Outcome(EXIT_OK, [f"apply_all: {profile.name}: nothing applied here, nothing to revert"],
                        {"profile": profile.name, "result": "no-op", "reverted": []})
+    hint = f"{revert_hint(profile.name, root)} (all fixes) restores the originals from the blob store"
     with Lock(state, lock_timeout, exclusive=not dry_run):
         lines: list[str] = []
-        repaired = recover(image, dry_run=dry_run)
+        try:
+            repaired = recover(image, dry_run=dry_run, hint=hint)
+            ledger = read_ledger(state, hint)
+            check_ledger_profile(image, ledger, hint)
+        except StateError as exc:
+            if names:  # without a ledger, only the whole profile can be put back
+                raise
+            return revert_from_blobs(image, f"{exc.path.name} cannot be trusted ({exc.problem})", dry_run, force)
         if repaired:
             lines.append(f"apply_all: {repaired}")
-        ledger = read_ledger(state)
         if ledger is None:
+            if not names and has_saved_state(state):  # e.g. a ledger removed by hand: the originals are saved
+                return revert_from_blobs(image, "no ledger here, but saved originals", dry_run, force)
             lines.append(f"apply_all: {profile.name}: nothing applied here, nothing to revert")
             return Outcome(EXIT_OK, lines, {"profile": profile.name, "result": "no-op", "reverted": []})
-        check_ledger_profile(image, ledger)
         applied = [a["id"] for a in ledger["applied"]]
         drop = [a for a in applied if not names or a in names]
         if not drop:
@@ -1081,7 +1381,8 @@ def cmd_revert(pack: Pack, profile: Profile, names: Sequence[str], root: Path | 
                 if dep in drop:
                     raise FixError(EXIT_USAGE, f"cannot revert '{dep}' alone: '{fix_id}' depends on it "
                                                f"(revert both)")
-        current, _ = gate(image, ledger)
+        current, rows = gate(image, ledger, allow_drift=force)
+        discarded = [r["what"] for r in rows if r.get("drift")]
         kept = [f for f in profile.fixes if f.id in keep]
         plan = build_plan(image, current, ledger, kept)
         order = list(reversed(drop))
@@ -1091,9 +1392,11 @@ def cmd_revert(pack: Pack, profile: Profile, names: Sequence[str], root: Path | 
                                             "changed": plan.changes()})
         ledger_after = make_ledger(plan) if kept else None
         changed = commit(image, plan, ledger, ledger_after, "revert")
+        if discarded:
+            lines.append(f"apply_all: {profile.name}: discarded the change to {', '.join(discarded)} (--force)")
         lines.append(f"apply_all: {profile.name}: reverted {', '.join(order)}; {_n(len(changed), 'file')} restored")
         return Outcome(EXIT_OK, lines, {"profile": profile.name, "result": "reverted", "reverted": order,
-                                        "changed": changed})
+                                        "changed": changed, "discarded": discarded})
 
 
 def fix_state(fix: Fix, ledger: dict[str, Any] | None) -> str:
@@ -1107,7 +1410,8 @@ def cmd_list(pack: Pack, profiles: list[Profile], root: Path | None) -> Outcome:
     rows = []
     for profile in profiles:
         image = Image.locate(profile, root)
-        ledger = read_ledger(image.state_dir) if image.state_dir else None
+        hint = f"{revert_hint(profile.name, root)} restores the originals from the blob store"
+        ledger = read_ledger(image.state_dir, hint) if image.state_dir else None
         found = image.state_dir is not None
         lines.append(f"profile {profile.name}: {profile.image}"
                      + ("" if found else f" ({profile.anchor} not installed here)"))
@@ -1123,17 +1427,25 @@ def cmd_list(pack: Pack, profiles: list[Profile], root: Path | None) -> Outcome:
 
 
 def cmd_status(pack: Pack, profile: Profile, root: Path | None, lock_timeout: float) -> Outcome:
+    """Per pin, fix and file, what this image holds against the profile; what is missing to apply it."""
     image = Image.locate(profile, root)
     state = image.state_dir
     if state is None:
         raise FixError(EXIT_IMAGE, f"image mismatch: {profile.anchor} is not installed here")
+    hint = f"{revert_hint(profile.name, root)} restores the originals from the blob store"
     with Lock(state, lock_timeout, exclusive=False):  # a shared lock: never read a half-written state
-        ledger = read_ledger(state)
-        journal = (state / "journal.json").exists()
-        found_hashes = {rel: sha256(image.read(rel)) for rel in profile.files}
+        ledger = read_ledger(state, hint)
+        check_ledger_profile(image, ledger, hint)
+        journal = read_journal(image, hint) is not None
+        current = {rel: image.read(rel) for rel in profile.files}
+    found_hashes = {rel: sha256(data) for rel, data in current.items()}
+    pins = []
+    for pin in profile.pins:
+        expected, found, ok = check_pin(pin, image.search_paths())
+        pins.append({"what": pin.what, "expected": expected, "found": found, "ok": ok})
     ledger_files = (ledger or {}).get("files", {})
     files = []
-    code = EXIT_OK
+    code = EXIT_OK if all(p["ok"] for p in pins) else EXIT_IMAGE
     for rel, pristine in profile.files.items():
         found = found_hashes[rel]
         rec = ledger_files.get(rel)
@@ -1154,31 +1466,282 @@ def cmd_status(pack: Pack, profile: Profile, root: Path | None, lock_timeout: fl
             touched = {t.path for t in fix.targets or []}
             if any(f["state"] == "modified" for f in files if f["path"] in touched):
                 st = "modified"
-        fixes.append({"id": fix.id, "state": st, "opt_in": fix.opt_in})
+        fixes.append({"id": fix.id, "state": st, "opt_in": fix.opt_in, "has_payload": fix.has_payload})
     if journal:
         code = EXIT_STATE
+    missing = [f.id for f in profile.fixes if not f.has_payload]
+    differing = [f["path"] for f in files if f["state"] == "modified" and f["path"] not in ledger_files]
+    orphans = orphaned_originals(image, ledger, current)
     lines = [f"profile {profile.name}: {profile.image}"]
     if journal:
-        lines.append("  partial state: an interrupted run left a journal; the next apply or revert repairs it")
+        lines.append(f"  partial state: an interrupted run left a journal; the next apply or revert repairs it")
+    lines.append("  pins:")
+    width = max((len(p["what"]) for p in pins), default=0)
+    lines += [f"    {'ok' if p['ok'] else 'MISMATCH':<9} {p['what']:<{width}}  expected {p['expected']}, "
+              f"found {p['found']}" for p in pins]
     lines.append("  fixes:")
     lines += [f"    {f['id']:<24} {f['state']}" for f in fixes]
     lines.append("  files:")
     width = max((len(f["path"]) for f in files), default=0)
-    lines += [f"    {f['path']:<{width}}  {f['state']:<9} {short(f['sha256'])}" for f in files]
-    return Outcome(code, lines, {"profile": profile.name, "fixes": fixes, "files": files,
-                                 "interrupted": journal})
+    lines += [f"    {f['path']:<{width}}  {f['state']:<9} {short(f['sha256'])}"
+              + (f" (pinned {short(f['pristine'])})" if f["state"] == "modified" and f["path"] in differing else
+                 f" (applied {short(f['applied'])})" if f["state"] == "modified" else "")
+              for f in files]
+    lines.append(f"  payloads missing: {len(missing)}" + (f" ({', '.join(missing)})" if missing else ""))
+    lines.append(f"  pinned files that differ from the profile: {len(differing)}"
+                 + (f" ({', '.join(differing)})" if differing else ""))
+    if orphans:
+        lines.append(f"  {_n(len(orphans), 'file')} patched by an earlier run whose ledger is gone; the originals "
+                     f"are saved: {revert_hint(profile.name, root)} restores them")
+    if missing and code == EXIT_OK:
+        lines.append(f"  to write a missing payload: edit a copy of the package, then `apply_all.py --profile "
+                     f"{profile.name} --capture FIX --from COPY` (docs/fixes.md, Writing a payload)")
+    return Outcome(code, lines, {"profile": profile.name, "pins": pins, "fixes": fixes, "files": files,
+                                 "interrupted": journal, "missing_payloads": missing, "differing_files": differing,
+                                 "orphaned_originals": orphans})
 
 
 def ledger_profile(pack: Pack, root: Path | None) -> Profile | None:
-    """The profile whose ledger sits next to its package here, if any."""
+    """The profile whose ledger sits next to its package here, if any.
+
+    A ledger of a profile this pack does not have is an error (exit 3), never "no ledger".  When the ledger cannot
+    be read, or is gone but an earlier run left saved originals, the one profile whose state folder this is answers;
+    with several, the caller must name it."""
+    candidates: list[Profile] = []
     for profile in pack.profiles.values():
         site = locate_package(profile.anchor, root)
         if site is None:
             continue
-        ledger = read_ledger(site / STATE_DIR)
-        if ledger is not None and ledger.get("profile") in pack.profiles:
+        state = site / STATE_DIR
+        hint = f"{revert_hint(profile.name, root)} restores the originals from the blob store"
+        try:
+            ledger = read_ledger(state, hint)
+        except StateError:
+            candidates.append(profile)
+            continue
+        if ledger is None:
+            if has_saved_state(state):
+                candidates.append(profile)
+            continue
+        if ledger["profile"] in pack.profiles:
             return pack.profiles[ledger["profile"]]
-    return None
+        raise FixError(EXIT_STATE, f"ledger {state / 'ledger.json'} was written for profile '{ledger['profile']}', "
+                                   f"which is not in this pack (profiles: {', '.join(pack.profiles)}); revert with "
+                                   f"the pack that applied it, or name --profile")
+    if len(candidates) > 1:
+        raise FixError(EXIT_USAGE, f"the ledger here cannot tell the profile; name it: --profile "
+                                   f"{' or '.join(p.name for p in candidates)}")
+    return candidates[0] if candidates else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Authoring: a fix's payload captured from an edited copy of the image's files.
+# --------------------------------------------------------------------------------------------------------------
+
+CAPTURE_SKIP = (STATE_DIR, "__pycache__")
+
+
+def edited_files(edited: Path) -> list[str]:
+    """Package-relative paths of the files under an edited tree laid out like site-packages (no caches, no
+    dist-info, no top-level files)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(edited):
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in CAPTURE_SKIP and not d.endswith((".dist-info", ".egg-info")))
+        for name in sorted(filenames):
+            rel = (Path(dirpath) / name).relative_to(edited).as_posix()
+            if "/" in rel and not name.endswith((".pyc", TMP_SUFFIX)):
+                out.append(rel)
+    return out
+
+
+def make_diff(rel: str, old: bytes | None, new: bytes) -> bytes:
+    """One file's unified diff with one line of context, byte-exact: lines are split as the applier splits them,
+    and a last line without a newline gets the marker."""
+    def lines(data: bytes | None) -> list[str]:
+        return [] if data is None else [ln.decode("utf-8", "surrogateescape") for ln in data.splitlines(True)]
+
+    out = []
+    for line in difflib.unified_diff(lines(old), lines(new), "/dev/null" if old is None else f"a/{rel}",
+                                     f"b/{rel}", n=1):
+        out.append(line.encode("utf-8", "surrogateescape"))
+        if not line.endswith(("\n", "\r")):
+            out.append(b"\n\\ No newline at end of file\n")
+    return b"".join(out)
+
+
+def _stack(profile: Profile, files: dict[str, bytes | None], payloads: dict[str, bytes]) -> dict[str, bytes | None]:
+    """Apply payloads (fix id -> diff) to ``files`` in pack order, strictly; HunkMismatch names the fix."""
+    out = dict(files)
+    for fix in profile.fixes:
+        if fix.id in payloads:
+            for patch in parse_diff(payloads[fix.id], fix.id):
+                try:
+                    out[patch.path] = apply_file_patch(out.get(patch.path), patch)
+                except HunkMismatch as exc:
+                    raise HunkMismatch(f"{fix.id}: {exc}") from None
+    return out
+
+
+def cmd_capture(pack: Pack, profile: Profile, fix_id: str, edited: Path, root: Path | None, dry_run: bool,
+                lock_timeout: float) -> Outcome:
+    """Turn an edit of the image's files (made in a copy, ``edited``) into ``fix_id``'s payload.diff, with the pre
+    and post sha256 written into its fix.json, once the image matches the profile (pins and every pinned file)."""
+    fix = profile.fix(fix_id)
+    if fix is None:
+        raise FixError(EXIT_USAGE, f"unknown fix '{fix_id}' for profile {profile.name}")
+    if not edited.is_dir():
+        raise FixError(EXIT_USAGE, f"--from {edited}: not a folder")
+    edited = edited.resolve()
+    image = Image.locate(profile, root)
+    state = image.state_dir
+    if state is None:
+        raise FixError(EXIT_IMAGE, f"image mismatch: {profile.anchor} is not installed "
+                                   f"{'under ' + str(root) if root else 'for ' + sys.executable}")
+    if edited in {s.resolve() for s in image.sites.values() if s is not None}:
+        raise FixError(EXIT_USAGE, f"--from {edited}: that is the installed site-packages; edit a copy "
+                                   f"(the installed files are the pristine side of the diff)")
+    hint = f"{revert_hint(profile.name, root)} restores the originals from the blob store"
+    with Lock(state, lock_timeout, exclusive=False):
+        ledger = read_ledger(state, hint)
+        check_ledger_profile(image, ledger, hint)
+        if read_journal(image, hint) is not None:
+            raise FixError(EXIT_STATE, "partial state: an interrupted run left a journal; run the apply or revert "
+                                       "again first")
+        applied = {a["id"]: a for a in (ledger or {}).get("applied", [])}
+        if fix.id in applied:
+            raise FixError(EXIT_STATE, f"fix {fix.id} is applied here: `apply_all.py --revert {fix.id} --profile "
+                                       f"{profile.name}` first, then capture from a copy edited on top of the image")
+        try:
+            current, _ = gate(image, ledger)  # the rest of the image must be the one the profile pins
+        except FixError as exc:
+            bad = {r["what"] for r in exc.data.get("gate", []) if not r["ok"]}
+            own = [t.path for t in fix.targets or [] if t.path in bad]
+            if exc.code != EXIT_IMAGE or not own:
+                raise
+            raise FixError(exc.code, f"{exc}; {', '.join(own)} of {fix.id} itself differ: the installed files are "
+                                     f"the pristine side of the diff, so put them back (reinstall) and edit a copy",
+                           exc.details, exc.data) from None
+        pristine = pristine_contents(image, current, ledger)
+    ledger_files = (ledger or {}).get("files", {})
+    changed: list[tuple[str, bytes | None, bytes]] = []
+    sites: dict[str, Path | None] = dict(image.sites)
+    try:
+        for rel in edited_files(edited):
+            top = rel.split("/", 1)[0]
+            if top not in sites:
+                sites[top] = locate_package(top, root)
+            site = sites[top]
+            if site is None:
+                continue  # not an installed package: not part of this image
+            installed = current[rel] if rel in current else image_bytes(site / rel)
+            new = (edited / rel).read_bytes()
+            if new == installed:
+                continue
+            if rel in ledger_files and sha256(new) == profile.files.get(rel):
+                raise FixError(EXIT_USAGE, f"--from {edited}: {rel} is the pristine file, but fixes are applied to "
+                                           f"it here; copy the image's files as they are now, then edit")
+            changed.append((rel, installed, new))
+    except OSError as exc:
+        raise FixError(EXIT_IO, f"cannot read {exc.filename}: {exc.strerror}; nothing written") from None
+    if not changed:
+        raise FixError(EXIT_USAGE, f"--from {edited}: no file differs from the installed packages; nothing to "
+                                   f"capture")
+    listed = [t.path for t in fix.targets or []]  # the order fix.json already gives, then the rest by path
+    changed.sort(key=lambda c: (listed.index(c[0]) if c[0] in listed else len(listed), c[0]))
+    chunks, targets, new_pins, summary = [], [], {}, []
+    for rel, installed, new in changed:
+        if not safe_rel(rel):
+            raise FixError(EXIT_USAGE, f"--from {edited}: {rel} is not a path inside a package")
+        if rel not in profile.files:
+            new_pins[rel] = sha256(installed)
+        diff = make_diff(rel, installed, new)
+        (patch,) = parse_diff(diff, rel)
+        if apply_file_patch(installed, patch) != new:  # the diff must say exactly the edit
+            raise FixError(EXIT_USAGE, f"--from {edited}: the edit of {rel} cannot be written as a strict diff")
+        base = pristine.get(rel, installed)
+        try:
+            alone = apply_file_patch(base, patch)
+        except HunkMismatch:
+            owners = [a for a in applied if rel in applied[a]["files"]]
+            raise FixError(EXIT_STATE, f"the edit of {rel} overlaps the change of applied fix "
+                                       f"{', '.join(owners)}; revert it and capture on the pristine file") from None
+        targets.append({"path": rel, "pre": profile.files.get(rel, new_pins.get(rel)), "post": sha256(alone)})
+        chunks.append(diff)
+        adds = sum(1 for h in patch.hunks for t, _ in h.lines if t == "+")
+        dels = sum(1 for h in patch.hunks for t, _ in h.lines if t == "-")
+        summary.append(f"  {rel}  pre {short(targets[-1]['pre'])} -> post {short(targets[-1]['post'])} "
+                       f"(+{adds} -{dels} lines)")
+    payload = b"".join(chunks)
+    # The applied fixes and this one, stacked in pack order on the pristine files, must give the edited files.
+    payloads = {a: profile.fix(a).payload() for a in applied if profile.fix(a) is not None}  # type: ignore[union-attr]
+    payloads[fix.id] = payload
+    try:
+        stacked = _stack(profile, {**pristine, **{rel: current_or(image, root, rel) for rel in new_pins}}, payloads)
+    except HunkMismatch as exc:
+        raise FixError(EXIT_STATE, f"the captured payload does not stack with the applied fixes in pack order "
+                                   f"({exc})") from None
+    for rel, _, new in changed:
+        if stacked.get(rel) != new:
+            raise FixError(EXIT_STATE, f"the captured payload does not stack with the applied fixes in pack order: "
+                                       f"{rel} comes out different from the edited file")
+    fix_dir = fix.source.parent
+    meta = json.loads(fix.source.read_text(encoding="utf-8"))
+    dropped = [p for p in listed if p not in {t["path"] for t in targets}]
+    payload_name = meta.get("payload") or "payload.diff"
+    payload_path = fix_dir / payload_name
+    unchanged = (fix.has_payload and fix.payload() == payload and meta.get("targets") == targets and not new_pins)
+    lines = [f"apply_all: {profile.name}: {'would capture' if dry_run else 'captured'} {fix.id} from {edited}: "
+             f"{_n(len(changed), 'file')}", *summary]
+    lines += [f"  new pin: {rel} {short(d)} (not in the profile before; added to its files)"
+              for rel, d in new_pins.items()]
+    lines += [f"  target {rel} was listed but is not edited: dropped from the fix's targets" for rel in dropped]
+    data: dict[str, Any] = {"profile": profile.name, "fix": fix.id, "targets": targets, "new_pins": new_pins,
+                            "dropped_targets": dropped, "payload": str(payload_path)}
+    if dry_run:
+        lines += ["", payload.decode("utf-8", "replace").rstrip("\n")]
+        return Outcome(EXIT_OK, lines, {**data, "result": "dry-run"})
+    if unchanged:
+        lines.append(f"  {payload_path} and {fix.source.name} already say exactly this: nothing written")
+        return Outcome(EXIT_OK, lines, {**data, "result": "unchanged"})
+    meta["targets"] = targets
+    meta["payload"] = payload_name
+    profile_json = pack.root / profile.name / "profile.json"
+    writes: list[tuple[Path, bytes]] = [(payload_path, payload),
+                                        (fix.source, (json.dumps(meta, indent=2) + "\n").encode())]
+    if new_pins:
+        pmeta = json.loads(profile_json.read_text(encoding="utf-8"))
+        pmeta["files"].update(new_pins)
+        writes.append((profile_json, (json.dumps(pmeta, indent=2) + "\n").encode()))
+    old = {path: image_bytes(path) for path, _ in writes}
+    try:
+        for path, content in writes:
+            write_atomic(path, content)
+        load_pack(pack.root)  # the pack must still load, cross-checks included
+    except (OSError, FixError) as exc:
+        for path, content in old.items():
+            if content is None:
+                remove_file(path)
+            else:
+                write_atomic(path, content)
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise FixError(EXIT_IO if isinstance(exc, OSError) else EXIT_USAGE,
+                       f"capture of {fix.id} not written ({why}); the pack is as it was") from None
+    lines.append(f"  wrote {payload_path}, {fix.source}" + (f", {profile_json}" if new_pins else ""))
+    lines.append(f"  next: `apply_all.py --profile {profile.name}{' ' + fix.id if fix.opt_in else ''} --dry-run`, "
+                 f"then apply, then the fix's check ({check_label(fix)})")
+    return Outcome(EXIT_OK, lines, {**data, "result": "captured"})
+
+
+def check_label(fix: Fix) -> str:
+    check = fix.meta.get("check")
+    return f"probe: {check['probe']}" if isinstance(check, dict) else str(check)
+
+
+def current_or(image: Image, root: Path | None, rel: str) -> bytes | None:
+    """The installed bytes of a file outside the profile's pinned files."""
+    site = locate_package(rel.split("/", 1)[0], root)
+    return None if site is None else image_bytes(site / rel)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1189,13 +1752,21 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = _Parser(prog="apply_all.py", description="Apply the Gaudi Cookbook fix pack to this image's packages.",
                 epilog="exit codes: 0 ok or no-op, 1 usage, 2 image mismatch, 3 drift / conflict / missing payload"
-                       " / partial state, 4 cannot write or lock")
+                       " / partial state / damaged ledger or journal, 4 cannot write or lock")
     p.add_argument("--profile", help="profile to apply (e.g. v0.26.0, cpu-0.32.0)")
     p.add_argument("fixes", nargs="*", metavar="FIX", help="opt-in fixes to add (or, with --revert, fixes to revert)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--list", action="store_true", help="list fixes, opt-in, depends-on and state")
-    mode.add_argument("--status", action="store_true", help="per fix and per file: pristine / applied / modified")
-    mode.add_argument("--revert", action="store_true", help="restore the original files, in reverse order")
+    mode.add_argument("--status", action="store_true", help="per pin, fix and file: pristine / applied / "
+                      "modified; missing payloads; pinned files that differ")
+    mode.add_argument("--revert", action="store_true", help="restore the original files, in reverse order "
+                      "(from the blob store when the ledger is damaged or gone)")
+    mode.add_argument("--capture", metavar="FIX", help="write FIX's payload and hashes from an edited copy of its "
+                                                       "files (--from); the image must match the profile")
+    p.add_argument("--from", dest="edited", type=Path, metavar="DIR",
+                   help="with --capture: a folder laid out like site-packages holding the edited files")
+    p.add_argument("--force", action="store_true",
+                   help="with --revert: restore the saved originals even over files changed since the apply")
     p.add_argument("--dry-run", action="store_true", help="check and show what would be written; write nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--root", type=Path, help="site-packages folder to act on instead of this interpreter's")
@@ -1209,6 +1780,12 @@ def run(argv: Sequence[str] | None = None) -> Outcome:
     if args.root is not None and not args.root.is_dir():
         raise FixError(EXIT_USAGE, f"--root {args.root}: not a folder")
     root = args.root.resolve() if args.root is not None else None
+    if not math.isfinite(args.lock_timeout) or args.lock_timeout < 0:
+        raise FixError(EXIT_USAGE, f"--lock-timeout {args.lock_timeout:g}: must be a finite number of seconds >= 0")
+    if args.force and not args.revert:
+        raise FixError(EXIT_USAGE, "--force only goes with --revert")
+    if (args.edited is not None) != (args.capture is not None):
+        raise FixError(EXIT_USAGE, "--capture FIX and --from DIR go together")
     pack = load_pack(args.pack)
     profile = None
     if args.profile is not None:
@@ -1229,9 +1806,13 @@ def run(argv: Sequence[str] | None = None) -> Outcome:
         if profile is None:
             return Outcome(EXIT_OK, ["apply_all: no fixes are applied here, nothing to revert"],
                            {"result": "no-op", "reverted": []})
-        return cmd_revert(pack, profile, args.fixes, root, args.dry_run, args.lock_timeout)
+        return cmd_revert(pack, profile, args.fixes, root, args.dry_run, args.lock_timeout, args.force)
     if profile is None:
         raise FixError(EXIT_USAGE, "--profile NAME is required (or --list / --status / --revert)")
+    if args.capture is not None:
+        if args.fixes:
+            raise FixError(EXIT_USAGE, "--capture takes one fix: --capture FIX --from DIR")
+        return cmd_capture(pack, profile, args.capture, args.edited, root, args.dry_run, args.lock_timeout)
     return cmd_apply(pack, profile, args.fixes, root, args.dry_run, args.lock_timeout)
 
 

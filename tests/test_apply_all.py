@@ -27,6 +27,7 @@ from fixpack_helpers import (
     load_apply_all,
     make_pack,
     make_site,
+    make_v026_standin,
     matches_record,
     record_line,
     run_tool,
@@ -434,31 +435,50 @@ def test_repair_refuses_a_file_changed_after_the_kill(tmp_path: Path) -> None:
 
 # -- two runs at once ---------------------------------------------------------------------------------------
 
-SLOW = "    time.sleep(0.3)\n    orig(src, dst)\n"
+def _holding(site: Path) -> str:
+    """Inject code: at its first rename (lock held, mid-write) the run says so in a file, then waits for a release
+    file: the other run is started while this one provably holds the lock, whatever the machine's load."""
+    held, release = site.parent / "held", site.parent / "release"
+    return (f"    if calls[0] == 1:\n"
+            f"        open({str(held)!r}, 'w').close()\n"
+            f"        deadline = time.monotonic() + 120\n"
+            f"        while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+            f"            time.sleep(0.02)\n"
+            f"    orig(src, dst)\n")
 
 
 def test_concurrent_runs_one_waits(env: tuple[Path, Path]) -> None:
     pack, site = env
-    first = subprocess.Popen(runner_script(pack, site, PROFILE, SLOW), stdout=subprocess.PIPE,
+    first = subprocess.Popen(runner_script(pack, site, PROFILE, _holding(site)), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    _wait_for(site / STATE / "lock")
-    time.sleep(0.3)
-    second = run_tool(pack, site, *PROFILE)
+    _wait_for(site.parent / "held")
+    err = site.parent / "second.err"
+    with open(err, "w") as err_fh:
+        argv = [sys.executable, str(APPLY_ALL), "--pack", str(pack), "--root", str(site), *PROFILE]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        second = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_fh, text=True, env=env)
+        deadline = time.monotonic() + 60
+        while "waiting for" not in err.read_text():  # the second run is blocked on the lock
+            assert second.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "the second run never waited for the lock"
+            time.sleep(0.02)
+        (site.parent / "release").touch()
+        out2, _ = second.communicate(timeout=60)
     out1, err1 = first.communicate(timeout=60)
     assert first.returncode == 0, err1
     assert "applied 3 fixes" in out1
-    assert second.returncode == 0, second.stderr
-    assert "waiting for" in second.stderr and "already applied" in second.stdout
+    assert second.returncode == 0, err.read_text()
+    assert "already applied" in out2
     assert code_files(site) == expected_applied()
 
 
 def test_concurrent_run_gives_up_cleanly_after_the_lock_timeout(env: tuple[Path, Path]) -> None:
     pack, site = env
-    first = subprocess.Popen(runner_script(pack, site, PROFILE, SLOW), stdout=subprocess.PIPE,
+    first = subprocess.Popen(runner_script(pack, site, PROFILE, _holding(site)), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    _wait_for(site / STATE / "lock")
-    time.sleep(0.3)
+    _wait_for(site.parent / "held")
     second = run_tool(pack, site, *PROFILE, "--lock-timeout", "0.2")
+    (site.parent / "release").touch()
     first.communicate(timeout=60)
     assert first.returncode == 0
     assert second.returncode == 4
@@ -590,34 +610,7 @@ def test_v026_on_a_matching_image_names_missing_payloads(tmp_path: Path) -> None
     No bytes with the research sha256s exist here, so the test rewrites the profile's hashes to synthetic files of
     the same paths and checks the behaviour: gate passes, every payload is named as missing, exit 3, nothing
     written.  Everything else (ids, order, opt-ins, dependencies) is the real pack."""
-    src = Path(APPLY_ALL).parent
-    pack = tmp_path / "pack"
-    shutil.copytree(src / "v0.26.0", pack / "v0.26.0")
-    (pack / "ORDER").write_text("\n".join(ln for ln in (src / "ORDER").read_text().splitlines()
-                                          if (src / "v0.26.0" / ln.strip()).is_dir()) + "\n")
-    profile = json.loads((pack / "v0.26.0/profile.json").read_text())
-    site = tmp_path / "site"
-    files = {}
-    for rel, digest in profile["files"].items():
-        if digest is None:
-            files[rel] = None
-            continue
-        data = f"# stand-in for {rel}\n".encode()
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-        files[rel] = sha(data)
-    for name, version in (("vllm_gaudi", "0.26.0+gb059f9c95"), ("vllm", "0.26.1.dev0+g568afb3a1"),
-                          ("habana_torch_plugin", "1.24.1.11")):
-        dist = site / f"{name}-{version}.dist-info"
-        dist.mkdir(parents=True)
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    profile["files"] = files
-    (pack / "v0.26.0/profile.json").write_text(json.dumps(profile))
-    for fix_json in (pack / "v0.26.0").glob("*/fix.json"):
-        meta = json.loads(fix_json.read_text())
-        for t in meta["targets"] or []:
-            t["pre"] = files[t["path"]]
-        fix_json.write_text(json.dumps(meta))
+    pack, site = make_v026_standin(tmp_path)
     before = snapshot(site)
     r = run_tool(pack, site, "--profile", "v0.26.0", "gdn-prefix-cache")
     assert r.returncode == 3, r.stderr

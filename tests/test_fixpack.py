@@ -113,7 +113,7 @@ def _copy_pack(tmp_path: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("breakage", ["order-missing", "dep-later", "bad-kind", "bad-target"])
+@pytest.mark.parametrize("breakage", ["order-missing", "dep-later", "bad-kind", "bad-target", "outside-target"])
 def test_broken_packs_fail_in_both_readers(tmp_path: Path, breakage: str) -> None:
     root = _copy_pack(tmp_path)
     order = root / "ORDER"
@@ -129,6 +129,12 @@ def test_broken_packs_fail_in_both_readers(tmp_path: Path, breakage: str) -> Non
         meta = json.loads(path.read_text())
         if breakage == "bad-kind":
             meta["kind"] = "feature"
+        elif breakage == "outside-target":  # a target path that would leave site-packages
+            meta["targets"][0]["path"] = "vllm/../../evil.py"
+            profile = root / "cpu-0.32.0" / "profile.json"
+            pmeta = json.loads(profile.read_text())
+            pmeta["files"]["vllm/../../evil.py"] = meta["targets"][0]["pre"]
+            profile.write_text(json.dumps(pmeta))
         else:
             meta["targets"][0]["pre"] = "0" * 64
         path.write_text(json.dumps(meta))

@@ -18,14 +18,8 @@ COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compa
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cookbook", description="Gaudi Cookbook: recipes, fixes, launch, checks, benchmarks, reports")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{name}":
-                continue  # a command still being built
-            raise
-        module.add_parser(subparsers)
+    for name in COMMANDS:  # a listed command that does not import is an error, never a missing subcommand
+        importlib.import_module(f"{__name__}.{name}").add_parser(subparsers)
     return parser
 
 
