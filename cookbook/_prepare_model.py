@@ -6,6 +6,7 @@ and transformers, which the cookbook's own environment never has). It imports no
     python _prepare_model.py smollm2-135m-instruct OUT_DIR --gguf FILE
     python _prepare_model.py tiny-qwen3-next OUT_DIR --tokenizer-from SMOLLM2_DIR
     python _prepare_model.py tiny-qwen3-5 OUT_DIR --tokenizer-from SMOLLM2_DIR   (the fix pack's Qwen3.5 proof)
+    python _prepare_model.py tiny-gemma3 OUT_DIR --tokenizer-from SMOLLM2_DIR    (sliding-window layers)
 
 All are deterministic: the GGUF file is a pinned package's, the tiny hybrids' weights come from a fixed seed.
 """
@@ -103,7 +104,42 @@ def generate_tiny_qwen3_5(out: Path, tokenizer_from: Path, seed: int) -> None:
     _save_tiny(Qwen3_5ForCausalLM(config), out, tokenizer_from)
 
 
-GENERATORS = {"tiny-qwen3-next": generate_tiny_qwen3_next, "tiny-qwen3-5": generate_tiny_qwen3_5}
+# The sliding-window model: Gemma 3's layout at toy size, two sliding-window layers then one global layer, twice.
+# The window (512) is much shorter than the context (4,096), so long prompts cross it several times.
+SLIDING_LAYOUT = dict(
+    vocab_size=49152,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=6,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    sliding_window=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    query_pre_attn_scalar=64,
+    max_position_embeddings=8192,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+
+def generate_tiny_gemma3(out: Path, tokenizer_from: Path, seed: int) -> None:
+    """A 14M-parameter Gemma 3 text model (Gemma3ForCausalLM): sliding-window and global attention layers."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(**SLIDING_LAYOUT)
+    config.architectures = ["Gemma3ForCausalLM"]
+    torch.manual_seed(seed)
+    _save_tiny(Gemma3ForCausalLM(config), out, tokenizer_from)
+
+
+GENERATORS = {
+    "tiny-qwen3-next": generate_tiny_qwen3_next,
+    "tiny-qwen3-5": generate_tiny_qwen3_5,
+    "tiny-gemma3": generate_tiny_gemma3,
+}
 
 
 def main(argv: list[str]) -> int:

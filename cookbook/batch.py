@@ -39,6 +39,9 @@ BATCH_NOTEBOOKS = (
     "01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput", "07_engine_states",
 )
 PARTS_DIR = "parts"
+# Checks a notebook of the set runs on its own (with its figure); the verify notebook leaves them to it in a batch.
+NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}
+VERIFY_NOTEBOOK = "03_verify"
 CELL_TIMEOUT_S = 1800
 Say = Callable[[str], None]
 
@@ -269,6 +272,29 @@ class BatchSummary(BaseModel):
     secrets_masked: list[str] = Field(default_factory=list, description="Files in which a secret value was masked")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: server_start_s, notebooks_s ...")
 
+    checks_run: int = Field(0, description="Checks in the run's results")
+    checks_not_met: list[str] = Field(default_factory=list, description="Checks that did not meet the recipe")
+    checks_inconclusive: list[str] = Field(default_factory=list, description="Checks that proved nothing either way")
+
+    def count_checks(self, results: RunResults) -> None:
+        self.checks_run = len(results.checks)
+        self.checks_not_met = [c.name for c in results.checks if not c.ok]
+        self.checks_inconclusive = [c.name for c in results.checks if c.status == "inconclusive"]
+
+    @property
+    def headline(self) -> str:
+        """The summary's first line: how many checks did not meet the recipe, then whether the notebooks ran."""
+        if self.checks_run:
+            checks = f"{len(self.checks_not_met)} of {self.checks_run} checks did not meet the recipe"
+            if self.checks_not_met:
+                checks += f" ({', '.join(self.checks_not_met)})"
+            if self.checks_inconclusive:
+                checks += f", {len(self.checks_inconclusive)} inconclusive ({', '.join(self.checks_inconclusive)})"
+        else:
+            checks = "no checks ran"
+        ran = f"all {len(self.notebooks)} notebooks ran" if self.ok else f"notebooks failed: {', '.join(self.failed)}"
+        return f"{checks}; {ran}"
+
     @property
     def failed(self) -> list[str]:
         return [n.name for n in self.notebooks if n.status != "ok"]
@@ -388,10 +414,26 @@ def whole_run_health(session: Session, start: RunStart) -> CheckResult:
 
 
 def _verified_note(results: RunResults, launched: bool) -> str:
-    how = ("with exactly the launch command above, started by the cookbook (the fixes applied at start-up)"
-           if launched else "against a server this run attached to (started outside the run)")
+    """The run's note. A launched run records its Launch block beside it (`RunResults.launch_block`), and pages and
+    reports keep the 'exactly the launch command above' wording only where they show that block."""
+    how = ("with exactly the launch command above (on the host and port the run chose), started by the cookbook "
+           "(the fixes applied at start-up)"
+           if launched else "against a server this run attached to (started outside the run, with a command it did not record)")
     return (f"On {results.image or 'an unnamed image'}, {results.hardware.description}, {how}. "
             "Requests went to the OpenAI-compatible API.")
+
+
+def verify_checks(recipe: Recipe, sources: list[Path]) -> list[str] | None:
+    """The checks the verify notebook runs in a batch: every check that applies to the recipe (the CLI's default),
+    less those another notebook of the same batch runs with its own figure, so no check runs twice. None when the
+    batch runs no such notebook (the notebook's own default then holds)."""
+    from .checks import selected_checks
+
+    stems = {p.stem for p in sources}
+    covered = {name for nb, names in NOTEBOOK_CHECKS.items() if nb in stems for name in names}
+    if VERIFY_NOTEBOOK not in stems or not covered:
+        return None
+    return [s.name for s in selected_checks(None, recipe) if s.name not in covered]
 
 
 def run_batch(
@@ -417,6 +459,9 @@ def run_batch(
     session = open_session(recipe, base_url, run_dir, hardware)
     start = snapshot_server(session.endpoint)
     common = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
+    checks = verify_checks(recipe, sources)
+    if checks is not None:
+        common["CHECKS"] = checks  # only the verify notebook declares CHECKS; --param CHECKS=... still wins
     for number, source in enumerate(sources, 1):
         say(f"[{number}/{len(sources)}] {source.stem} ...")
         given = {**common, **(parameters or {})}
@@ -431,7 +476,13 @@ def run_batch(
         results = results.model_copy(update={"checks": [health if c.name == health.name else c for c in results.checks]})
     session.close()
     if results is not None:
-        results = results.model_copy(update={"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)})
+        update: dict[str, Any] = {"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)}
+        if launched:
+            from .recipes import render_launch_block
+
+            update["launch_block"] = render_launch_block(recipe)
+        results = results.model_copy(update=update)
+        summary.count_checks(results)
         summary.results = write_results(results, run_dir / "results.json").name
         summary.page = write_atomic(run_dir / "page.md", render_page(recipe, results)).name
     summary.finished_at = now()

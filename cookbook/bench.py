@@ -536,7 +536,7 @@ def long_lengths(config: BenchConfig, recipe: Recipe | None, max_model_len: int)
     always capped so that prompt and answer fit."""
     if config.long_lengths:
         lengths = list(config.long_lengths)
-    elif recipe is not None and recipe.verification.needles is not None:
+    elif recipe is not None and recipe.verification.needles is not None and recipe.verification.needles.lengths:
         lengths = list(recipe.verification.needles.lengths)
     else:
         lengths = [int(round(max_model_len * f, -2)) for f in SEED_LONG_FRACTIONS]
@@ -546,7 +546,7 @@ def long_lengths(config: BenchConfig, recipe: Recipe | None, max_model_len: int)
 def _long_depths(config: BenchConfig, recipe: Recipe | None) -> list[float]:
     if config.long_depths:
         return list(config.long_depths)
-    if recipe is not None and recipe.verification.needles is not None:
+    if recipe is not None and recipe.verification.needles is not None and recipe.verification.needles.depths:
         return list(recipe.verification.needles.depths)
     return [0.5]
 

@@ -2,7 +2,7 @@
 
 They imitate what a broken prefix cache or long-context path does on a real server: a hit that resumes from the
 wrong state (different text, shifted logprobs), a cache that reports what it did not do (cached tokens off the
-block grid, cached tokens on a cold request), and an answer that loses the needle past some depth or length.
+block grid, cached tokens on a cold request, a `cache_salt` that isolates nothing), and an answer that loses the needle past some depth or length.
 Pass an instance to `FaultProxy(url, fault)`. `register()` adds them to `cookbook.faultproxy.FAULTS` by name; it
 is not done on import, because the fault matrix of tests/test_checks.py runs every registered fault at the
 recipe's full lengths, which for these probes takes minutes on the CPU server (their tests use short lengths).
@@ -47,7 +47,8 @@ def _rewrite_answers(body: Any, rewrite: Callable[[str], str]) -> None:
 
 
 class HitDifferentText(Fault):
-    """A cache hit resumes from the wrong state and answers something else, fluently."""
+    """A cache hit resumes from the wrong state and answers something else, fluently (the tokens in its logprobs
+    change with the text, as a real wrong-state hit's would)."""
 
     name = "hit-different-text"
     catches = ("prefix-cache",)
@@ -56,6 +57,9 @@ class HitDifferentText(Fault):
     def response(self, ex: Exchange, body: Any) -> Any:
         if _is_hit(ex, body):
             _rewrite_answers(body, lambda text: _other_digits(text) + " Also, the weather is fine.")
+            for choice in choices(body):
+                for item in (choice.get("logprobs") or {}).get("content") or []:
+                    item["token"] = _other_digits(str(item.get("token", "")))
         return body
 
 
@@ -119,6 +123,20 @@ class CachedOnCold(Fault):
         return body
 
 
+class IgnoreCacheSalt(Fault):
+    """The server ignores `cache_salt` (the proxy strips it from every request): requests that should be isolated
+    share the cache, so a "cold" run may be a hit."""
+
+    name = "ignore-cache-salt"
+    catches = ("prefix-cache",)
+    symptom = r"ignores cache_salt"
+
+    def request(self, ex: Exchange) -> None:
+        if ex.is_api and isinstance(ex.body, dict):
+            ex.body.pop("cache_salt", None)
+        return None
+
+
 _NEEDLE = re.compile(r"The special magic number for .+? is:? (\d+)\.")
 
 
@@ -162,7 +180,11 @@ class NeedleLostBeyond(Fault):
 
 
 LONG_CONTEXT_FAULTS: dict[str, Fault] = {
-    f.name: f for f in (HitDifferentText(), HitShiftedLogprobs(), CachedOffBlock(), CachedOnCold(), NeedleLostBeyond())
+    f.name: f
+    for f in (
+        HitDifferentText(), HitShiftedLogprobs(), CachedOffBlock(), CachedOnCold(), IgnoreCacheSalt(),
+        NeedleLostBeyond(),
+    )
 }
 
 

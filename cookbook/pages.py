@@ -7,7 +7,10 @@ are the published ones stored beside it (`results.json`, `source: published`); a
 """
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -94,11 +97,37 @@ def performance_rows(results: RunResults) -> list[Row]:
     return rows
 
 
-def verified_note(results: RunResults) -> str:
-    """The sentence under Verified: always names the hardware and image that produced the results."""
-    if results.verified_note:
-        return results.verified_note
+# A note that says the run used "exactly the launch command above" is kept only where that very block is shown.
+LAUNCH_CLAIM = "launch command above"
+
+
+def published_label(results: RunResults) -> str | None:
+    """For results that came with the recipe (`source: published`): said in so many words, with the hardware and
+    image that produced them; None for results this checkout measured."""
+    if results.source != "published":
+        return None
     image = results.image or "an image the results do not name"
+    return (f"Published results: they came with this recipe and were not reproduced by this checkout "
+            f"(measured by the recipe's authors on {results.hardware.description}, {image}).")
+
+
+def shows_run_command(results: RunResults, shown_launch: str | None) -> bool:
+    """True when the page or report shows the very Launch block the run started its server with."""
+    return bool(results.launch_block) and shown_launch is not None and results.launch_block == shown_launch
+
+
+def verified_note(results: RunResults, shown_launch: str | None = None) -> str:
+    """The sentence under Verified: always names the hardware and image that produced the results. A note that
+    claims 'exactly the launch command above' stands only when `shown_launch` (the block shown above it) is the
+    one the run recorded; otherwise it is replaced by one that says the command is not shown."""
+    image = results.image or "an image the results do not name"
+    note = results.verified_note
+    if note and LAUNCH_CLAIM in note and not shows_run_command(results, shown_launch):
+        which = "other than the launch block shown here" if results.launch_block else "that the results do not record"
+        note = (f"On {image}, {results.hardware.description}, with a launch command {which}. "
+                "Requests went to the OpenAI-compatible API.")
+    if note:
+        return note
     when = f", {results.started_at[:10]}" if results.started_at else ""
     return f"Measured on {results.hardware.description}, {image}{when}. Requests went to the OpenAI-compatible API."
 
@@ -130,7 +159,131 @@ def _launch_intro(recipe: Recipe) -> str:
             "`$COOKBOOK` is this checkout and `$COOKBOOK_MODELS` the folder `cookbook setup` prepares the weights in; "
             f"`cookbook serve {recipe.id}` runs exactly these steps in the CPU image's environment."
         )
-    return "`$COOKBOOK` is a checkout of this repository inside the container."
+    return "Run inside a vllm-gaudi container. `$COOKBOOK` is a checkout of this repository there."
+
+
+def _container_line(recipe: Recipe) -> str | None:
+    if recipe.image.kind != "vllm-gaudi":
+        return None
+    return (f"`cookbook doctor {recipe.id}` checks the box first; `cookbook recipe container {recipe.id}` prints the "
+            "`docker run` that starts the container and runs these steps (see Using a recipe).")
+
+
+# The project docs the pages name; a mention in a page's prose becomes a link (relative to the checkout's root).
+DOC_LINKS = {
+    "Using a recipe": "docs/using-a-recipe.md",
+    "Prefix caching on Gated DeltaNet hybrids": "docs/gdn-prefix-caching.md",
+}
+
+
+def link_docs(text: str) -> str:
+    """Mentions of the project's docs (as the seeds write them) as Markdown links."""
+    for title, target in DOC_LINKS.items():
+        text = text.replace(title, f"[{title}]({target})")
+    return text
+
+
+HARDWARE_NAMES = {"gaudi2": "Gaudi 2", "gaudi3": "Gaudi 3", "cpu": "CPU"}
+
+
+def _params(count: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if count >= size:
+            return f"{int(count / size + 0.5)}{unit}"
+    return f"{count:.0f}"
+
+
+def header_lines(recipe: Recipe, results: RunResults | None) -> list[str]:
+    """The seeds' header card: what verified it and the model's Hugging Face link, the badges, then Hardware,
+    Image, Variant and Fixes (profile, opt-ins, how many fixes the configuration depends on), each as a label line
+    and a value line."""
+    where = HARDWARE_NAMES.get(results.hardware.kind, results.hardware.description) if results else None
+    badge = (f"Verified on {where}" + (" (published results)" if results and results.source == "published" else "")
+             if results else "Not verified yet")
+    links = [f"**{badge}**"]
+    if recipe.serve.weights is None:
+        links.append(f"[Hugging Face](https://huggingface.co/{recipe.model.id})")
+    m = recipe.model
+    size = _params(m.params_total) + (f" / {_params(m.params_active)} active" if m.params_active < m.params_total else "")
+    tags = [t for t in m.tags if t != "text"]
+    image = recipe.image
+    badges = [*tags, size, f"{recipe.max_model_len:,} ctx served", recipe.precision.dtype, f"{image.kind} {image.tag}"]
+    if "text" in m.tags:
+        badges.append("Text")
+    hw = recipe.hardware
+    if hw.kind == "cpu":
+        hardware = hw.description
+    else:
+        hardware = f"{hw.cards} card{'s' if hw.cards > 1 else ''} · TP {hw.tensor_parallel}" + (" · EP" if hw.expert_parallel else "")
+    pins = (f"vllm-gaudi {image.tag} @ {image.commit} · vLLM @ {image.vllm_commit} · Gaudi SW {image.gaudi_sw}"
+            if image.kind == "vllm-gaudi" else f"{image.kind} {image.tag}")
+    depends = len(recipe.fixes.why) or len(fix_rows(recipe))
+    card = [" · ".join(links), " · ".join(badges), "**Hardware**", hardware, "**Image**", pins]
+    if recipe.variant:
+        card += ["**Variant**", recipe.variant]
+    card += ["**Fixes**", " ".join([f"profile {recipe.fixes.profile}", *recipe.fixes.opt_in]),
+             f"{depends} fix{'es' if depends != 1 else ''} this configuration depends on; opt-in fixes are named."]
+    return card
+
+
+def _first(pattern: str, text: str) -> str | None:
+    match = re.search(pattern, text)
+    return match.group(1) if match else None
+
+
+# Checks whose effect the seeds sum up in one bullet, with the words they use for each.
+EFFECT_WORDS = {"top-logprobs": "top_logprobs 20", "prompt-logprobs": "prompt_logprobs", "json-schema": "JSON schema",
+                "logit-bias": "logit_bias", "min-p": "min_p", "min-tokens": "min_tokens", "bad-words": "bad_words",
+                "seed": "seed"}
+
+
+def passed_bullets(recipe: Recipe, results: RunResults) -> list[str]:
+    """At a glance, "Checks that passed": the seeds' bullets, built from the checks that passed and the figures."""
+    passed = {c.name: c for c in results.checks if c.status == "pass"}
+    bullets = []
+    known, concurrent = passed.get("known-answer"), passed.get("known-answer-concurrent")
+    if known and concurrent:
+        flight = _first(r"(\d+) in flight", concurrent.label) or str(recipe.verification.concurrency or recipe.max_num_seqs)
+        bullets.append(f"Known-answer prompts {known.result} at temperature 0 and {concurrent.result} with {flight} in flight")
+    tools = [passed.get(n) for n in ("tool-call-auto", "tool-call-streamed", "tool-result")]
+    if all(tools):
+        auto = tools[0]
+        assert auto is not None
+        count = _first(r"^(\d+/\d+)", auto.result) or auto.result
+        sampled = _first(r"sampled at ([\d.]+)", auto.label)
+        bullets.append(f"Tool calls: {count} valid calls" + (f" sampled at {sampled}" if sampled else "")
+                       + ", streamed call assembled, tool result used in the answer")
+    effects = [words for name, words in EFFECT_WORDS.items() if name in passed]
+    if effects:
+        listed = effects[0] if len(effects) == 1 else ", ".join(effects[:-1]) + " and " + effects[-1]
+        healthy = "; server healthy after each" if "server-health" in passed else ""
+        bullets.append(f"{listed} {'takes' if len(effects) == 1 else 'all take'} effect{healthy}")
+    cache = passed.get("prefix-cache")
+    if cache:
+        prompts = re.search(r"(\d+) prompts of (\S+ to \S+) tokens", cache.label)
+        what = f", {prompts.group(1)} greedy prompts of {prompts.group(2)} tokens" if prompts else ""
+        bullets.append(f"Prefix-cache hit vs cold{what}: {cache.result}")
+    needles = passed.get("needles")
+    if needles:
+        depths = _first(r"(\d+) depths", needles.label)
+        bullets.append(f"Needles, {depths + ' depths each, ' if depths else ''}cold: {needles.result}")
+    one, many = results.figure("single-stream"), results.figure("n-streams")
+    if one and many and not one.failed_requests and not many.failed_requests:
+        rate, total = one.metrics.get("tokens_per_s"), many.metrics.get("aggregate_tokens_per_s")
+        streams, tokens = many.metrics.get("streams"), many.metrics.get("output_tokens")
+        if rate is not None and total is not None and streams and tokens:
+            bullets.append(f"Single stream {rate:g} tokens/s, {streams:g} streams {total:g} tokens/s aggregate "
+                           f"({tokens:g} tokens, end to end)")
+    return bullets
+
+
+def smoke_test(recipe: Recipe, port: int = 8000, max_tokens: int = 512) -> str:
+    """A `curl` that asks the running server for one sentence: the first thing to try once it is up."""
+    body = json.dumps({"model": recipe.served_model_name,
+                       "messages": [{"role": "user", "content": "Say hello in one sentence."}], "max_tokens": max_tokens})
+    return (f"curl -s http://localhost:{port}/v1/chat/completions \\\n"
+            "  -H 'Content-Type: application/json' \\\n"
+            f"  -d {shlex.quote(body)}\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,25 +294,39 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
     """The recipe page in Markdown. `results` defaults to nothing: pass `default_results(recipe)` for the stored ones."""
     if results is not None and results.recipe != recipe.id:
         raise ResultsError(f"--results: results of {results.recipe!r}, not of recipe {recipe.id!r}")
-    parts: list[str] = [f"# {recipe.title}", recipe.model.summary.strip()]
-    description = recipe.model.description.strip()
-    if description and description not in recipe.model.summary:
-        parts.append(description)
-    parts.append(markdown_table(("", ""), glance_rows(recipe)))
+    parts: list[str] = [f"# {recipe.title}", recipe.model.summary.strip(), "  \n".join(header_lines(recipe, results))]
 
-    launch = ["## Launch", _launch_intro(recipe), f"```sh\n{render_launch_block(recipe)}```"]
-    if recipe.serve.notes:
-        launch.append(_bullets(recipe.serve.notes))
+    shown_launch = render_launch_block(recipe)
+    launch = ["## Launch", _launch_intro(recipe), f"```sh\n{shown_launch}```"]
+    container = _container_line(recipe)
+    if container:
+        launch.append(link_docs(container))
+    launch += ["Once it is up, a smoke test:", f"```sh\n{smoke_test(recipe)}```"]
     parts += launch
 
+    bullets = passed_bullets(recipe, results) if results is not None else []
+    if bullets or recipe.serve.notes:
+        parts.append("## At a glance")
+    if bullets:
+        label = published_label(results) if results is not None else None
+        parts += ["**Checks that passed**" + (" (published results, not reproduced by this checkout)" if label else ""),
+                  _bullets(bullets)]
+    if recipe.serve.notes:
+        parts += ["**Notes**", _bullets(recipe.serve.notes)]
+
+    description = recipe.model.description.strip()
+    if description and description not in recipe.model.summary:
+        parts += ["## Guide", description]
+    parts.append(markdown_table(("", ""), glance_rows(recipe)))
+
     caching = recipe.prefix_caching
-    parts += ["## Prefix caching", caching.notes.strip() or ("Prefix caching is on." if caching.enabled else "Prefix caching is off.")]
+    parts += ["## Prefix caching", link_docs(caching.notes.strip()) or ("Prefix caching is on." if caching.enabled else "Prefix caching is off.")]
     if recipe.buckets:
         parts += ["## Buckets", recipe.buckets]
 
     parts.append("## Required fixes")
     if recipe.fixes.note:
-        parts.append(recipe.fixes.note.strip())
+        parts.append(link_docs(recipe.fixes.note.strip()))
     rows = fix_rows(recipe)
     parts.append(markdown_table(("Fix", "Why this model needs it"), rows) if rows else "No fix beyond the profile.")
 
@@ -167,7 +334,10 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
     if results is None:
         parts.append(f"No results for this recipe yet: `cookbook run {recipe.id}` measures them.")
     else:
-        parts.append(verified_note(results))
+        label = published_label(results)
+        if label:
+            parts.append(label)
+        parts.append(verified_note(results, shown_launch))
         if results.checks:
             parts.append(markdown_table(("Check", "Result"), verified_rows(results)))
         else:
@@ -176,7 +346,11 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
             parts.append(f"KV pool at start-up: {results.kv_pool_tokens:,} tokens.")
 
     if results is not None and results.performance:
-        parts += ["## Performance", performance_note(results)]
+        parts.append("## Performance")
+        label = published_label(results)
+        if label:
+            parts.append(label)
+        parts.append(performance_note(results))
         parts.append(markdown_table(("Test", "Result"), performance_rows(results)))
 
     if recipe.known_issues:

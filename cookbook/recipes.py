@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .lint import LintRule  # the rule schema only; cookbook.lint imports nothing of this module at load
 from .errors import RecipeError
 from .secrets import MASK, is_secret_name
 
@@ -105,7 +106,7 @@ class Fixes(_Strict):
 class PreparedWeights(_Strict):
     """Weights that the cookbook builds itself into its cache (CPU recipes), instead of a hub id."""
 
-    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next"]
+    prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next", "tiny-gemma3"]
 
 
 class Serve(_Strict):
@@ -142,12 +143,21 @@ class PrefixCaching(_Strict):
 class PrefixCacheExpectation(_Strict):
     logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
     max_logprob_diff: float = Field(0.0, ge=0, description="Allowed max |hit - cold| when 'close'")
-    prompt_tokens: list[int] = Field(description="Prompt lengths in tokens, one prompt each")
+    prompt_tokens: list[int] | None = Field(
+        None, description="Prompt lengths in tokens, one prompt each; omitted: derived from the served context, "
+        "block size and sliding windows"
+    )
 
 
 class NeedleExpectation(_Strict):
-    lengths: list[int] = Field(description="Haystack lengths in tokens")
-    depths: list[float] = Field(description="Needle depths as a fraction of the haystack, 0..1")
+    lengths: list[int] | None = Field(
+        None, description="Haystack lengths in tokens; omitted: the seeds' 24.8 %, 50 % and 93 % of the served context"
+    )
+    depths: list[float] | None = Field(None, description="Needle depths as a fraction of the haystack, 0..1; omitted: 0.1, 0.5, 0.9")
+    value_digits: int = Field(
+        7, ge=4, le=12, description="Digits of each needle's random number: fewer is easier for a small model to copy "
+        "from far back; a lost or altered needle fails either way (exact match)"
+    )
 
 
 class EngineStatesExpectation(_Strict):
@@ -241,6 +251,7 @@ class Recipe(_Strict):
     image: Image
     precision: Precision
     context_note: str = Field("", description="Shown after the context length, e.g. 'native'")
+    variant: str = Field("", description="The page header's Variant line: which weights on which cards")
     environment: dict[str, str] = Field(default_factory=dict, description="Exported before serving, in order")
     fixes: Fixes
     serve: Serve
@@ -249,6 +260,10 @@ class Recipe(_Strict):
     known_issues: list[str] = Field(default_factory=list)
     do_not: list[str] = Field(default_factory=list, description="What not to do")
     verification: Verification = Field(default_factory=Verification)
+    lint: list[LintRule] = Field(
+        default_factory=list, description="Rules this recipe declares for itself (cookbook.lint's schema), checked "
+        "by `cookbook recipe validate` beside the seeds' rules"
+    )
 
     @field_validator("environment", mode="before")
     @classmethod

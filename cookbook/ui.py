@@ -126,7 +126,7 @@ def checks_panel(
 
 
 def verify_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
-    """The Verified checks (none preselected: the recipe's core set)."""
+    """The Verified checks (none preselected: every check that applies to the recipe)."""
     return checks_panel(None, recipe, base_url, out_dir, hardware)
 
 

@@ -23,7 +23,7 @@ from cookbook.errors import CookbookError
 from cookbook.endpoint import Endpoint
 from cookbook.faultproxy import FAULTS, BrokenToolStream, Chain, FaultProxy, ForceToolChoice, KillAfter, NoToolCall
 from cookbook.launch import free_port
-from cookbook.recipes import Recipe
+from cookbook.recipes import Recipe, load_recipe
 from cookbook.results import RunResults
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,9 +56,27 @@ def _said(results: RunResults, name: str) -> str:
 
 
 def test_core_checks_in_table_order_with_server_health_last() -> None:
-    core = [s.name for s in selected_checks(None, None)]
+    core = [s.name for s in selected_checks(["core"], None)]
     assert core == CORE
     assert list(CHECKS)[-1] == "server-health"
+
+
+def test_default_selection_is_every_registered_group() -> None:
+    """Issue 11: `cookbook verify --recipe X` runs every check that applies by default, not only the core group;
+    whether one applies is decided per check when it runs (skipped with why), not by leaving it out."""
+    from cookbook.checks.registry import check_groups
+
+    assert {"core", "long-context"} <= set(check_groups())
+    for recipe in (None, load_recipe("Qwen/Qwen3-Coder-Next"), load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")):
+        assert [s.name for s in selected_checks(None, recipe)] == list(CHECKS)
+    assert {"prefix-cache", "needles"} <= {s.name for s in selected_checks(None, load_recipe("Qwen/Qwen3-Coder-Next"))}
+    # --checks core stays the quick path; a group and a check name may be mixed.
+    assert "needles" not in [s.name for s in selected_checks(["core"], None)]
+    mixed = [s.name for s in selected_checks(["long-context", "seed"], None)]
+    assert mixed == [n for n in CHECKS if n == "seed" or CHECKS[n].group == "long-context"]
+    assert {"seed", "prefix-cache", "needles"} <= set(mixed)
+    with pytest.raises(CookbookError, match="--checks: unknown check 'no-such'"):
+        selected_checks(["no-such"], None)
 
 
 def test_every_v0_26_0_fix_names_an_existing_check() -> None:
@@ -82,7 +100,7 @@ def test_concurrency_label_follows_the_recipe(cpu_recipe: Recipe) -> None:
 def test_dead_server_gives_a_full_table_of_not_run_quickly() -> None:
     started = time.monotonic()
     results = run_checks(_ctx(f"http://127.0.0.1:{free_port()}", "m", None))
-    assert [c.status for c in results.checks] == ["not run"] * len(CORE)
+    assert [c.status for c in results.checks] == ["not run"] * len(CHECKS)  # the default is every registered check
     assert all(c.result == "not run: server down" for c in results.checks)
     assert time.monotonic() - started < 10
 
@@ -277,3 +295,26 @@ def test_an_inconclusive_check_is_neither_pass_nor_fail(monkeypatch: pytest.Monk
     assert unreached.ok and results.all_ok  # never a fail: verify exits 0 ...
     assert "pass" not in results.check_summary()  # ... and never counted as a pass
     assert results.check_summary().endswith("(inconclusive: t-unreached, t-said-why)")
+
+
+def test_min_tokens_is_inconclusive_when_the_answer_already_runs_past_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose plain answer already runs 32 tokens cannot show min_tokens: inconclusive with why, not a fail."""
+    from cookbook.checks import sampling
+    from cookbook.checks.registry import CheckInconclusive
+
+    ctx = _ctx(f"http://127.0.0.1:{free_port()}", "m", None)
+    probe = sampling.min_tokens_probe(ctx)
+    long = _reply("four " * 40, usage={"completion_tokens": 48})
+    long.body["choices"][0]["finish_reason"] = "length"
+    with pytest.raises(CheckInconclusive, match="already ran 48 tokens"):
+        probe.verify([long, long])
+    short, held = _reply("4", usage={"completion_tokens": 2}), _reply("4 " * 20, usage={"completion_tokens": 40})
+    assert probe.verify([short, held]) is None
+    assert "before min_tokens 32" in probe.verify([short, short]).note  # type: ignore[union-attr]
+
+    # In the burst it is said, never a wrong control: the others still count.
+    monkeypatch.setattr(sampling, "_concurrent_probes", lambda _ctx: [sampling.min_tokens_probe])
+    monkeypatch.setattr(sampling, "chat_all", lambda _ctx, bodies: [long] * len(bodies))
+    outcome = sampling.sampling_concurrent(ctx)
+    assert outcome.passed and "`min_tokens`, which could not show (inconclusive)" in outcome.result
+    assert "inconclusive: without min_tokens the answer already ran 48 tokens" in outcome.evidence[0].note

@@ -29,6 +29,12 @@ def test_needles_are_seeded_and_differ_per_cell() -> None:
     assert make_needle("0:needle:1000:0.1") == make_needle("0:needle:1000:0.1")
     values = {make_needle(f"0:needle:1000:{d}").value for d in (0.1, 0.5, 0.9)}
     assert len(values) == 3
+    assert make_needle("x").value == "9247215"  # seven digits by default, the same values as before the setting
+    short = make_needle("x", digits=5)
+    assert len(short.value) == 5 and short.key == make_needle("x").key and short.found_in(f"It is {short.value}.")
+    assert not short.found_in(f"It is {short.value}9.") and not short.found_in(short.value[:-1])
+    with pytest.raises(ValueError, match="at least 4 digits"):
+        make_needle("x", digits=3)
     needle = make_needle(3)
     assert re.fullmatch(r"[1-9]\d{6}", needle.value)
     assert needle.value in needle.sentence and needle.key in needle.question

@@ -127,6 +127,22 @@ def test_a_needle_lost_beyond_a_length_fails_the_grid(cpu_server: Endpoint, cpu_
 
 
 @pytest.mark.integration
+def test_a_shorter_needle_lost_or_altered_still_fails(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+    """The recipe's shorter needle (verification.needles.value_digits) detects as the seven-digit one did: a needle
+    lost beyond a depth fails its cell, and only that cell."""
+    from cookbook.faultproxy import FaultProxy
+    from cookbook.faults_longctx import NeedleLostBeyond
+
+    with FaultProxy(cpu_server.base_url, NeedleLostBeyond(depth=0.5)) as proxy:
+        params = {"needle_lengths": [800], "needle_depths": [0.1, 0.9], "needle_digits": 5}
+        [result] = run_checks(CheckContext(Endpoint(proxy.base_url, cpu_server.model), cpu_recipe, params=params), ["needles"]).checks
+    assert result.status == "fail" and result.result == "1/2 at 800 tokens"
+    assert all(len(c["needle_value"]) == 5 for c in result.details["cells"])
+    [miss] = [c for c in result.details["cells"] if not c["found"]]
+    assert miss["depth"] == 0.9 and miss["needle_value"] not in miss["answer"]
+
+
+@pytest.mark.integration
 def test_cached_tokens_on_a_cold_cell_fail_the_grid(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
     from cookbook.faults_longctx import CachedOnCold
 

@@ -10,7 +10,7 @@ import pytest
 from cookbook import pages
 from cookbook.cli import main
 from cookbook.errors import ResultsError
-from cookbook.recipes import load_recipe
+from cookbook.recipes import load_recipe, render_launch_block
 from cookbook.results import CheckResult, Figure, Hardware, RunResults, write_results
 
 from shared_files import SEED_FILES, seed_text
@@ -151,3 +151,45 @@ def test_the_sweep_stays_off_the_page() -> None:
         ],
     )
     assert pages.performance_rows(results) == [("One stream, short prompt, 256 tokens", "56.2 tokens/s")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Honest pages (issue 11, item 1)
+
+
+@pytest.mark.parametrize("recipe_id", sorted(SEED_FILES))
+def test_published_results_say_so_in_verified_and_performance(recipe_id: str) -> None:
+    recipe = load_recipe(recipe_id)
+    results = pages.default_results(recipe)
+    assert results is not None
+    markdown = pages.render_page(recipe, results)
+    label = pages.published_label(results)
+    assert label is not None and "not reproduced by this checkout" in label
+    assert results.hardware.description in label and results.image in label
+    verified = markdown.split("## Verified", 1)[1].split("## Performance", 1)[0]
+    performance = markdown.split("## Performance", 1)[1].split("## Known issues", 1)[0]
+    assert verified.strip().startswith(label) and performance.strip().startswith(label)
+    # The stored block is the page's: the published note's "exactly the launch command above" stands.
+    assert results.launch_block == render_launch_block(recipe)
+    assert "with exactly the launch command above" in verified
+
+
+def test_a_launch_claim_stands_only_over_the_block_the_run_used() -> None:
+    recipe = load_recipe("Qwen/Qwen3-Coder-Next")
+    published = pages.default_results(recipe)
+    assert published is not None
+    for launch_block in ("", render_launch_block(recipe).replace("--max-num-seqs 8", "--max-num-seqs 4")):
+        results = published.model_copy(update={"launch_block": launch_block})
+        markdown = pages.render_page(recipe, results)
+        assert "launch command above" not in markdown
+        assert "four Gaudi 2 cards" in pages.verified_note(results, render_launch_block(recipe))
+    # A measured run's own note: never a claim without the block.
+    measured = _measured(recipe.id).model_copy(update={"verified_note": "On x, y, with exactly the launch command above."})
+    assert pages.published_label(measured) is None
+    assert "launch command above" not in pages.verified_note(measured, render_launch_block(recipe))
+    assert "launch command above" in pages.verified_note(
+        measured.model_copy(update={"launch_block": render_launch_block(recipe)}), render_launch_block(recipe)
+    )
+    assert "launch command above" not in pages.verified_note(
+        measured.model_copy(update={"launch_block": render_launch_block(recipe)}), None
+    )

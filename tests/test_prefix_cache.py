@@ -141,6 +141,138 @@ def test_result_text_names_what_failed() -> None:
     assert not odd_block.passed and result_text(odd_block).endswith("cached tokens wrong on 1 of 1 prompts")
 
 
+def _flipped(cold_top: list[tuple[str, float]], later_top: list[tuple[str, float]]) -> tuple[Answer, Answer]:
+    """A cold and a later answer that share their first token and part at the second."""
+    cold = Answer(text="Paris is", tokens=["Paris", cold_top[0][0]], logprobs=[-0.1, cold_top[0][1]],
+                  top=[[("Paris", -0.1)], cold_top], cached_tokens=0, seconds=0.1)
+    later = Answer(text="Paris was", tokens=["Paris", later_top[0][0]], logprobs=[-0.1, later_top[0][1]],
+                   top=[[("Paris", -0.1)], later_top], cached_tokens=384, seconds=0.1)
+    return cold, later
+
+
+def _prompt_with(cold: Answer, later: Answer, tokens: int = 437) -> "object":
+    from cookbook.checks.prefix_cache import PromptReport, combine
+
+    comparisons = [compare(cold, later)]
+    return PromptReport(
+        target_tokens=tokens, prompt_tokens=tokens, salt="s", cached_tokens=[0, later.cached_tokens],
+        seconds=[0.1, 0.1], metric_deltas=[0.0, float(later.cached_tokens or 0)], hit_request=2,
+        comparisons=comparisons, comparison=combine(comparisons), texts=[cold.text, later.text],
+    )
+
+
+def test_a_flip_on_a_near_tie_is_reported_as_a_tie_with_its_margin() -> None:
+    from cookbook.checks.prefix_cache import _judge
+
+    cold, later = _flipped([(" is", -0.70), (" was", -0.72)], [(" was", -0.69), (" is", -0.71)])
+    flip = compare(cold, later).divergence
+    assert flip is not None and flip.index == 1 and (flip.cold_token, flip.later_token) == (" is", " was")
+    assert flip.cold_margin == pytest.approx(0.02) and flip.later_margin == pytest.approx(0.02)
+    report = _prompt_with(cold, later)
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    assert report.problems == []  # type: ignore[attr-defined]
+    [tie] = report.ties  # type: ignore[attr-defined]
+    assert "a flip on a near-tie" in tie and "margin 0.02" in tie and "no reference" in tie
+    full = PrefixCacheReport(layout=CPU, logprobs_expected="close", max_logprob_diff_allowed=0.15, prompts=[report])
+    assert full.passed and "1 flip on a near-tie" in result_text(full)
+    # A recipe that expects bit-identical logprobs still fails it: the flip is reported as a tie, the bits differ.
+    strict = _prompt_with(cold, later)
+    _judge(strict, "bit-identical", 0.0, 0.15)  # type: ignore[arg-type]
+    assert any("not bit-identical" in p for p in strict.problems)  # type: ignore[attr-defined]
+
+
+def test_a_flip_to_a_token_the_cold_run_ranked_clearly_lower_fails() -> None:
+    from cookbook.checks.prefix_cache import _judge
+
+    cold, later = _flipped([(" is", -0.05), (" was", -3.2)], [(" was", -0.4), (" is", -1.3)])
+    report = _prompt_with(cold, later)
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    [problem] = report.problems  # type: ignore[attr-defined]
+    assert "answered 'Paris was', the cold run 'Paris is'" in problem
+    assert "margin 3.15" in problem and "clearly lower" in problem
+    outside, wrong = _flipped([(" is", -0.05), (" a", -2.0)], [(" was", -0.4), (" is", -1.3)])
+    flip = compare(outside, wrong).divergence
+    assert flip is not None and flip.cold_margin is None and flip.cold_margin_at_least == pytest.approx(1.95)
+    report = _prompt_with(outside, wrong)
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    assert "not in the cold run's top 2" in report.problems[0] and "clearly lower" in report.problems[0]  # type: ignore[attr-defined]
+
+
+def test_with_a_reference_the_reference_judges_the_flip() -> None:
+    """The cold run alone would call this flip clearly lower; the reference (fp32) puts the tokens 0.1 apart."""
+    from cookbook.checks.prefix_cache import ReferenceVerdict, _judge
+    from cookbook.reference import RefPosition, judge_divergence
+
+    cold, later = _flipped([(" is", -0.05), (" was", -3.2)], [(" was", -0.4), (" is", -1.3)])
+    report = _prompt_with(cold, later)
+    ref = judge_divergence(RefPosition(token_id=7, logprob=-0.6, top={7: -0.6, 9: -0.7}), 7, 9, 0.5)
+    assert ref.verdict == "tie"
+    report.comparisons[0].divergence.reference = ReferenceVerdict(  # type: ignore[attr-defined, union-attr]
+        verdict=ref.verdict, margin=ref.margin, tolerance=0.5, note=ref.note, source="computed here (test)"
+    )
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    assert report.problems == []  # type: ignore[attr-defined]
+    [tie] = report.ties  # type: ignore[attr-defined]
+    assert "the reference (computed here (test))" in tie and "the reference's 0.1" in tie
+    wrong = judge_divergence(RefPosition(token_id=7, logprob=-0.1, top={7: -0.1, 9: -4.0}), 7, 9, 0.5)
+    report = _prompt_with(cold, later)
+    report.comparisons[0].divergence.reference = ReferenceVerdict(  # type: ignore[attr-defined, union-attr]
+        verdict=wrong.verdict, margin=wrong.margin, tolerance=0.5, note=wrong.note, source="golden file"
+    )
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
+    assert "clearly lower" in report.problems[0] and "golden file" in report.problems[0]  # type: ignore[attr-defined]
+
+
+def test_without_a_reference_the_verdict_says_so_and_why() -> None:
+    from cookbook.checks.prefix_cache import _judge
+
+    cold, later = _flipped([(" is", -0.70), (" was", -0.72)], [(" was", -0.69), (" is", -0.71)])
+    report = _prompt_with(cold, later)
+    _judge(report, "close", 0.15, None, "no reference recorded for this image")  # type: ignore[arg-type]
+    assert "no reference (no reference recorded for this image)" in report.ties[0]  # type: ignore[attr-defined]
+
+
+def test_a_new_salt_that_hits_names_the_server_ignoring_it() -> None:
+    report = _report(CPU, "close", 0.15, [(1500, [0, 1408], 0.0, "4829173")])
+    prompt = report.prompts[0]
+    prompt.new_salt_checked, prompt.new_salt_cached = True, 0
+    assert result_text(report).endswith("the same prompt under a new `cache_salt` ran cold after every hit")
+    prompt.new_salt_cached = 1408
+    prompt.problems.append("server ignores cache_salt: the same prompt under a new cache_salt ... 1408 cached tokens")
+    assert not report.passed
+    assert result_text(report).endswith(
+        "cached tokens a multiple of 128 on every hit; server ignores cache_salt: a new salt hit on 1 of 1 prompts"
+    )
+
+
+def test_default_prompt_lengths_come_from_context_block_and_windows() -> None:
+    from cookbook.checks.prefix_cache import default_prompt_tokens
+
+    smol = default_prompt_tokens(8192, 48, 128, shortest=113)
+    assert smol[0] == 120 and smol[-1] <= 8192 - 48 and len(smol) <= 9
+    assert all(n % 128 for n in smol) and smol == sorted(set(smol))
+    assert smol[1] < 3 * 128  # one just past the second block boundary
+    gemma = default_prompt_tokens(4096, 32, 128, shortest=113, windows=[512])
+    assert any(512 < n < 1024 for n in gemma) and any(n > 1024 for n in gemma)  # past the window and twice it
+    hybrid = default_prompt_tokens(4096, 32, 256, shortest=113)
+    assert hybrid[0] < 256 and all(n % 256 for n in hybrid)
+    assert default_prompt_tokens(100, 32, 16, shortest=113) == []  # no room for a needle's frame
+    seed_like = default_prompt_tokens(262144, 256, 384, shortest=120)
+    assert seed_like[0] < 384 and seed_like[-1] <= 262144 - 256 and len(seed_like) <= 9
+
+
+def test_sliding_windows_are_read_from_the_config_as_transformers_writes_them() -> None:
+    from cookbook.haystack import _windows_from_config
+
+    gemma = {"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}
+    assert _windows_from_config(gemma) == ([512], ["sliding_attention", "full_attention"])
+    assert _windows_from_config({"sliding_window": 4096})[0] == [4096]  # Mistral: every layer
+    assert _windows_from_config({"sliding_window": 4096, "use_sliding_window": False})[0] == []  # Qwen2
+    assert _windows_from_config({"sliding_window": None})[0] == []  # Llama
+    assert _windows_from_config({"sliding_window": 1024, "layer_types": ["full_attention"]})[0] == []
+    assert _windows_from_config({"text_config": gemma})[0] == [512]  # multimodal wrappers
+
+
 # -- integration ---------------------------------------------------------------------------------------------------
 
 
@@ -244,12 +376,25 @@ def _assert_caught(result: CheckResult, symptom: str) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fault_name", ["hit-different-text", "hit-shifted-logprobs", "cached-off-block", "cached-on-cold"])
+@pytest.mark.parametrize(
+    "fault_name", ["hit-different-text", "hit-shifted-logprobs", "cached-off-block", "cached-on-cold", "ignore-cache-salt"]
+)
 def test_faults_make_the_probe_fail_on_smollm2(cpu_server: Endpoint, cpu_recipe: Recipe, fault_name: str) -> None:
     from cookbook.faults_longctx import LONG_CONTEXT_FAULTS
 
     fault = LONG_CONTEXT_FAULTS[fault_name].fresh()
-    _assert_caught(_through_proxy(cpu_server, cpu_recipe, fault, [700]), fault.symptom)
+    result = _through_proxy(cpu_server, cpu_recipe, fault, [700])
+    _assert_caught(result, fault.symptom)
+    if fault_name == "hit-different-text":  # a wrong-state hit: both runs' top-k at the first differing token
+        [prompt] = result.details["prompts"]
+        flip = prompt["comparisons"][0]["divergence"]
+        assert flip["cold_top"] and flip["later_top"] and flip["verdict"] == "clearly lower", flip
+        assert "first differing token" in result.evidence[0].note
+        assert result.evidence[0].response["first_divergence"][0]["cold_top"] == flip["cold_top"]
+    if fault_name == "ignore-cache-salt":
+        [prompt] = result.details["prompts"]
+        assert prompt["new_salt_checked"] and prompt["new_salt_cached"] == prompt["cached_tokens"][1] > 0
+        assert "server ignores cache_salt" in result.result
 
 
 @pytest.mark.integration

@@ -85,3 +85,33 @@ def test_scan_and_mask_secrets(tmp_path: Path) -> None:
 def test_no_secrets_nothing_masked(tmp_path: Path, secrets: list[str]) -> None:
     (tmp_path / "a").write_text("a")
     assert report.mask_secrets(tmp_path, secrets) == []
+
+
+def test_index_refers_to_no_command_it_does_not_show(tmp_path: Path) -> None:
+    """Issue 11: a run's index.html shows the launch block its note refers to, or does not refer to one; its first
+    line says how many checks did not meet the recipe."""
+    summary = BatchSummary(recipe="HuggingFaceTB/SmolLM2-135M-Instruct", started_at="t",
+                           notebooks=[NotebookOutcome(name="03_verify", status="ok")])
+    claimed = results().model_copy(update={"verified_note": "On a, b, with exactly the launch command above. Requests ..."})
+    summary.count_checks(claimed)
+    assert summary.headline == "0 of 3 checks did not meet the recipe; all 1 notebooks ran"
+    index = report.write_index(tmp_path, summary, claimed).read_text()
+    assert "launch command above" not in index and "<h2>Launch</h2>" not in index
+    assert "that the results do not record" in index
+    block = "export A=1\n\nvllm serve m \\\n  --max-num-seqs 8\n"
+    index = report.write_index(tmp_path, summary, claimed.model_copy(update={"launch_block": block})).read_text()
+    assert index.index("<h2>Launch</h2>") < index.index("launch command above")
+    assert "--max-num-seqs 8" in index
+
+
+def test_summary_headline_counts_the_checks_not_met() -> None:
+    summary = BatchSummary(recipe="r", notebooks=[NotebookOutcome(name="03_verify", status="ok"),
+                                                 NotebookOutcome(name="05_needles", status="failed", error="x")])
+    assert summary.headline == "no checks ran; notebooks failed: 05_needles"
+    failing = results().model_copy(update={"checks": [
+        *results().checks,
+        CheckResult(name="needles", label="Needles", status="fail", result="2/3"),
+        CheckResult(name="seed", label="seed", status="inconclusive", result="inconclusive: x"),
+    ]})
+    summary.count_checks(failing)
+    assert summary.headline.startswith("1 of 5 checks did not meet the recipe (needles), 1 inconclusive (seed);")

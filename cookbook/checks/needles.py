@@ -25,7 +25,9 @@ from ..haystack import (
     request_body,
     request_timeout,
     seed_param,
-    server_max_model_len,
+    served_model,
+    DEFAULT_DIGITS,
+    ServedModel,
 )
 from ..results import Evidence
 from .registry import CheckContext, CheckOutcome, check
@@ -50,6 +52,7 @@ class NeedleCell(BaseModel):
     seconds: float = Field(description="Time to the whole answer, end to end (the first cell at a shape compiles)")
     cached_tokens: int | None = Field(description="Should be 0 or None: every cell is cold")
     finish_reason: str | None = None
+    filler_after: int = Field(0, description="Filler tokens between the needle and the question")
 
 
 class NeedleGrid(BaseModel):
@@ -87,14 +90,17 @@ def probe_needles(
     max_tokens: int = 64,
     timeout_s: float = 60.0,
     seed: int | str = 0,
+    served: ServedModel | None = None,
+    digits: int = DEFAULT_DIGITS,
 ) -> tuple[NeedleGrid, list[Evidence]]:
-    """Every cell cold, scored by exact match; evidence for every miss and every cell that was not cold."""
+    """Every cell cold, scored by exact match; evidence for every miss and every cell that was not cold (a miss
+    says how far before the question its needle sat, and whether that is beyond the served sliding window)."""
     cells: list[NeedleCell] = []
     evidence: list[Evidence] = []
     for length in sorted(lengths):
         for depth in depths:
             cell_seed = f"{seed}:needle:{length}:{depth}"
-            needle = make_needle(cell_seed)
+            needle = make_needle(cell_seed, digits)
             haystack = build_haystack(endpoint, length, depth, needle, seed=cell_seed)
             body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=False)
             answer = ask(endpoint, body, request_timeout(timeout_s, haystack.prompt_tokens))
@@ -110,12 +116,18 @@ def probe_needles(
                 seconds=answer.seconds,
                 cached_tokens=answer.cached_tokens,
                 finish_reason=answer.finish_reason,
+                filler_after=haystack.filler_after,
             )
             cells.append(cell)
             if not cell.found or cell.cached_tokens:
                 notes = []
                 if not cell.found:
-                    notes.append(f"expected {needle.value} ({needle.key}) at depth {depth}, got {answer.text!r}")
+                    where = f"{haystack.filler_after:,} filler tokens before the question"
+                    reach = served.beyond(haystack.filler_after) if served is not None else None
+                    notes.append(
+                        f"expected {needle.value} ({needle.key}) at depth {depth} ({where}"
+                        f"{', ' + reach if reach else ''}), got {answer.text!r}"
+                    )
                 if cell.cached_tokens:
                     notes.append(f"the cell was not cold: {cell.cached_tokens} cached tokens with a fresh cache_salt")
                 evidence.append(
@@ -156,9 +168,12 @@ def default_lengths(max_model_len: int) -> list[int]:
 def needles(ctx: CheckContext) -> CheckOutcome:
     """The grid from the recipe (or params 'needle_lengths' / 'needle_depths'); the heatmap into ctx.out_dir."""
     expectation = ctx.recipe.verification.needles if ctx.recipe else None
-    context = server_max_model_len(ctx.endpoint)
-    lengths = ctx.params.get("needle_lengths") or (expectation.lengths if expectation else default_lengths(context))
-    depths = ctx.params.get("needle_depths") or (expectation.depths if expectation else DEFAULT_DEPTHS)
+    served = served_model(ctx.endpoint)
+    context = served.max_model_len
+    lengths = ctx.params.get("needle_lengths") or (expectation.lengths if expectation else None)
+    lengths = lengths or default_lengths(context)
+    depths = ctx.params.get("needle_depths") or (expectation.depths if expectation else None) or DEFAULT_DEPTHS
+    digits = int(ctx.params.get("needle_digits") or (expectation.value_digits if expectation else DEFAULT_DIGITS))
     if not lengths or not depths:
         raise CookbookError("needles: no lengths or depths to test")
     fitted = fit_lengths(list(lengths), context, ctx.max_tokens)
@@ -169,10 +184,19 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         max_tokens=ctx.max_tokens,
         timeout_s=ctx.request_timeout_s,
         seed=seed_param(ctx.params),
+        served=served,
+        digits=digits,
     )
     details = grid.model_dump()
     details["times"] = grid.times()
     details["max_model_len"] = context
+    details["served"] = served.model_dump()
+    contradictions = served.contradictions()
+    details["layout_contradictions"] = contradictions
+    text = result_text(grid)
+    if contradictions and not grid.passed:  # what the server does otherwise than the model's config says
+        text += "; " + "; ".join(contradictions)
+        evidence += [Evidence(note=c) for c in contradictions]
     if fitted != list(lengths):
         details["requested_lengths"] = list(lengths)
     if ctx.out_dir is not None:
@@ -181,7 +205,7 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         details["figure"] = str(save_heatmap(grid, Path(ctx.out_dir) / FIGURE_NAME))
     return CheckOutcome(
         passed=grid.passed,
-        result=result_text(grid),
+        result=text,
         evidence=evidence,
         details=details,
         label=f"Needle in a haystack, {len(depths)} depth{'s' if len(depths) > 1 else ''}, cold",

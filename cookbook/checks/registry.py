@@ -135,17 +135,29 @@ def check(
     return register
 
 
+def check_groups() -> list[str]:
+    """Every registered group, in registry order ('core', 'long-context', and whatever other modules add)."""
+    return list(dict.fromkeys(s.group for s in CHECKS.values()))
+
+
 def selected_checks(names: list[str] | None, recipe: Recipe | None) -> list[CheckSpec]:
-    """Registry order; `names` (e.g. from --checks) may name checks or groups ('core', 'long-context')."""
+    """Registry order; `names` (e.g. from --checks) may name checks or groups ('core', 'long-context').
+
+    Without names: the recipe's `verification.checks` if it lists any, else every registered check of every
+    group. Whether a check applies to the recipe is decided when it runs (its `applies`, the recipe's `skip`),
+    so a check that does not apply shows as skipped with why, never silently missing; `--checks core` is the
+    quick path."""
     if names:
-        unknown = [n for n in names if n not in CHECKS and n not in {s.group for s in CHECKS.values()}]
+        unknown = [n for n in names if n not in CHECKS and n not in check_groups()]
         if unknown:
-            raise CookbookError(f"--checks: unknown check {unknown[0]!r} (known: {', '.join(CHECKS)})")
+            raise CookbookError(
+                f"--checks: unknown check {unknown[0]!r} (groups: {', '.join(check_groups())}; checks: {', '.join(CHECKS)})"
+            )
         wanted = set(names)
         return [s for s in CHECKS.values() if s.name in wanted or s.group in wanted]
     if recipe is not None and recipe.verification.checks:
         return selected_checks(recipe.verification.checks, None)
-    return [s for s in CHECKS.values() if s.group == "core"]
+    return list(CHECKS.values())
 
 
 def run_checks(

@@ -27,7 +27,7 @@ import jsonschema
 from ..errors import CookbookError
 from ..results import Evidence
 from .basic import Reply, answer_budget, chat, chat_all, excerpt, no_answer_note, user
-from .registry import CheckContext, CheckFailed, CheckOutcome, check
+from .registry import CheckContext, CheckFailed, CheckInconclusive, CheckOutcome, check
 
 TAKES_EFFECT = "takes effect"
 OPEN_PROMPT = "Write one sentence about the sea."
@@ -62,7 +62,7 @@ class Probe:
 
     control: str
     bodies: list[dict[str, Any]]
-    verify: Callable[[list[Reply]], Evidence | None]
+    verify: Callable[[list[Reply]], Evidence | None]  # may raise CheckInconclusive: the effect could not show
     details: dict[str, Any] = field(default_factory=dict)
     together: bool = False
 
@@ -132,10 +132,11 @@ def min_tokens_probe(ctx: CheckContext) -> Probe:
     def verify(replies: list[Reply]) -> Evidence | None:
         baseline, held = replies
         if baseline.finish_reason != "stop" or baseline.completion_tokens >= MIN_TOKENS:
-            return baseline.evidence(
-                f"inconclusive: without min_tokens the answer already ran {baseline.completion_tokens} tokens "
+            why = (
+                f"without min_tokens the answer already ran {baseline.completion_tokens} tokens "
                 f"(finish_reason {baseline.finish_reason}), so min_tokens {MIN_TOKENS} cannot show"
             )
+            raise CheckInconclusive(why, [baseline.evidence(f"inconclusive: {why}")])
         if held.completion_tokens < MIN_TOKENS:
             return held.evidence(
                 f"stopped after {held.completion_tokens} tokens (finish_reason {held.finish_reason}), "
@@ -364,9 +365,15 @@ def sampling_concurrent(ctx: CheckContext) -> CheckOutcome:
     replies = chat_all(ctx, [body for p in probes for body in p.bodies])
     evidence: list[Evidence] = []
     wrong: list[str] = []
+    unsure: list[str] = []
     start = 0
     for probe in probes:
-        problem = probe.verify(replies[start : start + len(probe.bodies)])
+        try:
+            problem = probe.verify(replies[start : start + len(probe.bodies)])
+        except CheckInconclusive as exc:  # this control could not show in the burst: said, never a pass or a fail
+            unsure.append(probe.control)
+            evidence.append(Evidence(note=f"{probe.control} with others in flight: inconclusive: {exc.why}"))
+            problem = None
         start += len(probe.bodies)
         if problem is not None:
             problem.note = f"{probe.control} with others in flight: {problem.note}"
@@ -375,9 +382,15 @@ def sampling_concurrent(ctx: CheckContext) -> CheckOutcome:
     in_flight = len(replies)
     unique = list(dict.fromkeys(wrong))
     controls = list(dict.fromkeys(p.control for p in probes))
+    if wrong:
+        text = f"{len(wrong)} of {len(probes)} wrong with others in flight: {', '.join(unique)}"
+    elif unsure:
+        text = f"each takes effect except {_and(list(dict.fromkeys(unsure)))}, which could not show (inconclusive)"
+    else:
+        text = "each takes effect"
     return CheckOutcome(
         not wrong,
-        "each takes effect" if not wrong else f"{len(wrong)} of {len(probes)} wrong with others in flight: {', '.join(unique)}",
+        text,
         evidence,
         {"in_flight": in_flight, "probes": [p.control for p in probes]},
         label=f"{_and(controls)}, {in_flight} in flight",

@@ -12,7 +12,7 @@ import sys
 
 from ..errors import CookbookError
 
-COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "reference"]
+COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "doctor", "reference"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import yaml
 
@@ -15,12 +17,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="a recipe as validated YAML")
     show.add_argument("recipe", metavar="ID")
     show.set_defaults(run=_show)
-    validate = sub.add_parser("validate", help="exit 0 if valid, else one line naming file and field, exit 2")
+    validate = sub.add_parser(
+        "validate", help="schema, fix pack and the seeds' What-not-to-do rules: exit 0 if valid (warnings shown), else 2")
     validate.add_argument("recipe", metavar="PATH|ID")
     validate.set_defaults(run=_validate)
     script = sub.add_parser("launch-script", help="the recipe's Launch block, as the recipe page shows it")
     script.add_argument("recipe", metavar="ID")
     script.set_defaults(run=_launch_script)
+    container = sub.add_parser("container", help="the `docker run` that starts a Gaudi recipe's vllm-gaudi container")
+    container.add_argument("recipe", metavar="ID")
+    container.add_argument("--image", help="the vllm-gaudi image (default vllm-gaudi:<the recipe's tag>)")
+    container.add_argument("--devices", metavar="I,J", help="card indices to make visible (default the first N)")
+    container.add_argument("--port", type=int, default=8000, help="host port for the server (default 8000)")
+    container.add_argument("--checkout", type=Path, help="the cookbook checkout to mount (default this one)")
+    container.add_argument("--hf-cache", type=Path, help="the Hugging Face cache to mount (default $HF_HOME or ~/.cache/huggingface)")
+    container.set_defaults(run=_container)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -39,11 +50,34 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from ..lint import lint_recipe
+
     recipe = load_recipe(args.recipe)
-    print(f"ok: {recipe.path} ({recipe.id})")
+    findings = lint_recipe(recipe)
+    for finding in findings:
+        print(finding.line(recipe.path), file=sys.stderr if finding.severity == "error" else sys.stdout)
+    errors = sum(f.severity == "error" for f in findings)
+    if errors:
+        print(f"invalid: {recipe.path} ({recipe.id}): {errors} lint error(s)", file=sys.stderr)
+        return 2
+    warned = len(findings)
+    print(f"ok: {recipe.path} ({recipe.id})" + (f", {warned} warning(s)" if warned else ""))
     return 0
 
 
 def _launch_script(args: argparse.Namespace) -> int:
     print(render_launch_block(load_recipe(args.recipe)), end="")
+    return 0
+
+
+def _container(args: argparse.Namespace) -> int:
+    from ..container import ContainerSpec, parse_devices, render_docker_run
+
+    recipe = load_recipe(args.recipe)
+    spec = ContainerSpec(image=args.image, port=args.port, devices=parse_devices(args.devices))
+    if args.checkout is not None:
+        spec.checkout = args.checkout.resolve()
+    if args.hf_cache is not None:
+        spec.hf_cache = args.hf_cache.resolve()
+    print(render_docker_run(recipe, spec), end="")
     return 0

@@ -42,6 +42,7 @@ def notebook_list(text: str | None) -> list[str | Path] | None:
 
 
 def print_summary(summary: BatchSummary) -> None:
+    print(f"{summary.recipe}: {summary.headline}")
     for nb in summary.notebooks:
         line = f"  {nb.name:<18} {nb.status:<7} {nb.seconds:6.0f} s"
         print(line + (f"  {nb.error}" if nb.error else ""))
@@ -50,8 +51,7 @@ def print_summary(summary: BatchSummary) -> None:
     results_path = Path(summary.run_dir) / summary.results if summary.results else None
     if results_path is not None and results_path.is_file():
         print(f"  {read_results(results_path).check_summary()}")
-    verdict = "notebooks ok" if summary.ok else f"FAILED: {', '.join(summary.failed)}"
-    print(f"{summary.recipe}: {verdict}; report: {Path(summary.run_dir) / summary.index}")
+    print(f"  report: {Path(summary.run_dir) / summary.index}")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "verify", help="run the Verified checks against a server; exit 0 only if every check meets the recipe"
     )
     add_server_args(parser)
-    parser.add_argument("--checks", metavar="A,B", help="checks or groups (core, long-context); default: the recipe's, else core")
+    parser.add_argument("--checks", metavar="A,B", help="checks or groups (core, long-context, ...); default: every check that applies to the recipe "
+                        "(`--checks core` is the quick path)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the run's results (the results schema) here")
     parser.add_argument(
         "--hardware", metavar="TEXT", help="what served the run, e.g. 'four Gaudi 2 cards' (default: this machine for CPU recipes, else unknown)"

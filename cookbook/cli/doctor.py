@@ -1,0 +1,36 @@
+"""`cookbook doctor [RECIPE] [--port N]`: what the recipe needs against what this box has; exit 1 if it cannot run."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..doctor import diagnose, failed
+from ..errors import CookbookError
+from ..image import ImageEnv
+from ..recipes import load_recipe
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("doctor", help="what a recipe needs against what this box has, one line each")
+    parser.add_argument("recipe", metavar="ID", nargs="?", help="recipe id or path (omit: the box alone)")
+    parser.add_argument("--port", type=int, default=8000, help="the port the server will use (default 8000)")
+    parser.add_argument("--image-python", type=Path, metavar="PATH",
+                        help="the serving image's interpreter (default: the CPU image for CPU recipes, else python3 here)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    image = None
+    if args.image_python is not None:
+        if not args.image_python.is_file():
+            raise CookbookError(f"--image-python: {args.image_python} is not a file")
+        image = ImageEnv(python=args.image_python, bin_dir=args.image_python.parent)
+    lines = diagnose(recipe, port=args.port, image=image)
+    for line in lines:
+        print(line.render())
+    if recipe is not None:
+        print(f"{recipe.id}: {'cannot run here' if failed(lines) else 'can run here'}")
+    else:
+        print(f"this box: {'problems found' if failed(lines) else 'ok'}")
+    return 1 if failed(lines) else 0

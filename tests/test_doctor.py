@@ -1,0 +1,177 @@
+"""`cookbook doctor` (issue 11, item 5): for real against the CPU recipes here (exit 0 with the cache built), the
+Gaudi probes with hl-smi outputs in tests/fixtures/hl-smi, the image probe against a synthetic package tree, and
+no secret ever printed."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from cookbook import doctor
+from cookbook.cli import main
+from cookbook.fixpack import load_pack
+from cookbook.image import ImageEnv, cpu_image_ready
+from cookbook.recipes import load_recipe
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hl-smi"
+CODER = "Qwen/Qwen3-Coder-Next"
+
+
+def recorded(name: str):
+    text = (FIXTURES / name).read_text()
+    return lambda argv: text
+
+
+def line(lines: list[doctor.Line], what: str) -> doctor.Line:
+    return next(x for x in lines if x.what == what)
+
+
+def test_hl_smi_csv_is_parsed() -> None:
+    driver, cards = doctor.parse_hl_smi_csv((FIXTURES / "gaudi2-8-five-busy.csv").read_text())
+    assert driver == "1.24.1-ac5e1b1" and len(cards) == 8
+    assert [c.index for c in cards if c.free] == [4, 5, 6]
+    assert cards[0].memory_total_mib == 98304 and cards[0].name == "HL-225"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "state", "have"),
+    [("gaudi2-8-idle.csv", "ok", "8 card(s), 8 free (0,1,2,3,4,5,6,7)"), ("gaudi2-8-five-busy.csv", "FAIL", "8 card(s), 3 free (4,5,6)")],
+)
+def test_free_cards_against_the_recipe(fixture: str, state: str, have: str) -> None:
+    lines = doctor.gaudi_lines(load_recipe(CODER), recorded(fixture))
+    cards = line(lines, "Gaudi cards")
+    assert (cards.state, cards.have) == (state, have) and cards.need == "4 free card(s)"
+    assert line(lines, "Gaudi driver (hl-smi)").state == "ok"
+    # Two cards are enough for the AgentWorld recipe on the busy box.
+    assert line(doctor.gaudi_lines(load_recipe("Qwen/Qwen-AgentWorld-35B-A3B"), recorded("gaudi2-8-five-busy.csv")),
+                "Gaudi cards").state == "ok"
+
+
+def test_an_older_driver_warns_and_the_image_software_decides() -> None:
+    lines = doctor.gaudi_lines(load_recipe(CODER), recorded("gaudi2-4-older-driver.csv"), gaudi_sw="1.24.1.207")
+    assert line(lines, "Gaudi driver (hl-smi)").state == "warn" and "1.22.1" in line(lines, "Gaudi driver (hl-smi)").have
+    assert line(lines, "Gaudi software in the image (habana-torch-plugin)").state == "ok"
+    wrong = doctor.gaudi_lines(load_recipe(CODER), recorded("gaudi2-4-older-driver.csv"), gaudi_sw="1.22.1.97")
+    assert line(wrong, "Gaudi software in the image (habana-torch-plugin)").state == "FAIL"
+
+
+def test_no_hl_smi_fails_a_gaudi_recipe() -> None:
+    def absent(argv: list[str]) -> str:
+        raise FileNotFoundError(argv[0])
+
+    assert line(doctor.gaudi_lines(load_recipe(CODER), absent), "Gaudi cards").state == "FAIL"
+    assert line(doctor.gaudi_lines(None, absent), "Gaudi cards").state == "skip"
+
+
+def test_image_lines_against_the_profile() -> None:
+    recipe = load_recipe(CODER)
+    profile = load_pack().profile("v0.26.0")
+
+    def reader(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
+        versions = {"vllm-gaudi": {"version": "0.26.0", "commit": "b059f9c95d6a07f19eb00aa06d1ec8b87b296437"},
+                    "vllm": {"version": "0.26.1.dev0+g568afb3a1", "commit": None},
+                    "habana-torch-plugin": {"version": "1.24.1.207", "commit": None}}
+        return {"dists": {d: versions.get(d) for d in dists}, "files": {f: profile.files[f] for f in files}}
+
+    lines = doctor.image_lines(recipe, ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), reader)
+    assert [x.state for x in lines] == ["ok"] * 4
+    assert "commit 568afb3a1" in line(lines, "image vllm").have
+
+    def drifted(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
+        found = reader(image, dists, files)
+        found["dists"]["vllm"] = {"version": "0.27.0+g1234567", "commit": None}
+        found["files"]["vllm_gaudi/platform.py"] = "0" * 64
+        return found
+
+    bad = doctor.image_lines(recipe, ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), drifted)
+    assert line(bad, "image vllm").state == "FAIL"
+    assert line(bad, "pinned files").state == "FAIL" and "vllm_gaudi/platform.py" in line(bad, "pinned files").have
+
+
+def test_the_image_probe_reads_a_real_tree(tmp_path: Path) -> None:
+    """The probe script itself (run by an interpreter) hashes a package's files and reports a missing one."""
+    package = tmp_path / "site" / "demo_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text("x = 1\n")
+    image = ImageEnv(python=Path(sys.executable), bin_dir=Path(sys.executable).parent,
+                     extra_env={"PYTHONPATH": str(tmp_path / "site")})
+    found = doctor.read_image(image, ["pip", "no-such-dist"], ["demo_pkg/mod.py", "demo_pkg/gone.py", "nopkg/x.py"])
+    assert found["files"] == {"demo_pkg/mod.py": hashlib.sha256(b"x = 1\n").hexdigest(), "demo_pkg/gone.py": None,
+                              "nopkg/x.py": "package missing"}
+    assert found["dists"]["no-such-dist"] is None
+
+
+def test_token_and_proxies_never_printed(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "HF_TOKEN": "hf_secret_value_123", "https_proxy": "http://user:pw@proxy:3128"}
+    token, proxy = doctor.token_line(env), doctor.proxy_line(env)
+    assert token.state == "ok" and "HF_TOKEN" in token.have
+    assert "https_proxy" in proxy.have
+    for shown in (token.render(), proxy.render()):
+        assert "hf_secret_value_123" not in shown and "pw@" not in shown
+    assert doctor.token_line({"HOME": str(tmp_path)}).have == "absent"
+
+
+def test_weights_and_disk(tmp_path: Path) -> None:
+    recipe = load_recipe(CODER)
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    lines = doctor.weights_lines(recipe, env)
+    assert lines[0].state == "warn" and "not cached" in lines[0].have
+    assert line(lines, "disk for the weights").need.startswith("167 GB")
+    snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-Coder-Next" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    cached = doctor.weights_lines(recipe, env)
+    assert [x.state for x in cached] == ["ok"] and len(cached) == 1
+
+
+@pytest.mark.skipif(not cpu_image_ready(), reason="the CPU image is not built (`cookbook setup`)")
+@pytest.mark.parametrize("recipe_id", ["HuggingFaceTB/SmolLM2-135M-Instruct", "cookbook/tiny-qwen3-next"])
+def test_doctor_runs_for_real_on_the_cpu_recipes(recipe_id: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from cookbook.launch import free_port
+
+    code = main(["doctor", recipe_id, "--port", str(free_port())])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "pinned files" in out and "image vllm-cpu" in out and out.rstrip().endswith("can run here")
+    assert not any(ln.startswith("FAIL") for ln in out.splitlines())
+
+
+def test_a_gaudi_recipe_cannot_run_on_this_box(capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("hl-smi"):
+        pytest.skip("a Gaudi box")
+    assert main(["doctor", CODER]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  Gaudi cards" in out and out.rstrip().endswith("cannot run here")
+
+
+def test_a_ready_gaudi_box_passes(tmp_path: Path) -> None:
+    """Everything in place (image as pinned, idle cards, weights cached, a free port): no FAIL, so exit 0."""
+    from cookbook.launch import free_port
+
+    recipe = load_recipe(CODER)
+    profile = load_pack().profile("v0.26.0")
+
+    def reader(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
+        versions = {"vllm-gaudi": {"version": "0.26.0", "commit": None}, "vllm": {"version": "0.26.0", "commit": None},
+                    "habana-torch-plugin": {"version": "1.24.1.207", "commit": None}}
+        return {"dists": {d: versions.get(d) for d in dists}, "files": {f: profile.files[f] for f in files}}
+
+    snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-Coder-Next" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_secret_value_123"}
+    lines = doctor.diagnose(recipe, port=free_port(), env=env, hl_smi=recorded("gaudi2-8-idle.csv"),
+                            image=ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), reader=reader)
+    assert not doctor.failed(lines), [x.render() for x in lines if x.state == "FAIL"]
+    shown = "\n".join(x.render() for x in lines)
+    assert "hf_secret_value_123" not in shown and "8 card(s), 8 free" in shown
+    busy = doctor.diagnose(recipe, port=free_port(), env=env, hl_smi=recorded("gaudi2-8-five-busy.csv"),
+                           image=ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), reader=reader)
+    assert doctor.failed(busy)
+
+
+def test_doctor_cli_bad_image_python(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", CODER, "--image-python", "/no/such/python"]) == 1
+    assert "--image-python" in capsys.readouterr().err
