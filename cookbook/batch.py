@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 # The batch set, in order. 00_index only explains the set; it is executed by the tests, not by a batch.
-BATCH_NOTEBOOKS = ("01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput")
+BATCH_NOTEBOOKS = (
+    "01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput", "07_engine_states",
+)
 PARTS_DIR = "parts"
 # Checks a notebook of the set runs on its own (with its figure); the verify notebook leaves them to it in a batch.
 NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}

@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 from . import recipes as recipes_mod
 from .endpoint import Endpoint, kv_pool_from_metrics
-from .errors import LaunchError, ServerDown, ServerError
+from .errors import LaunchError, RecipeError, ServerDown, ServerError
 from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, system_image
 from .models import ensure_model, models_dir
 from .recipes import Recipe
@@ -345,6 +345,40 @@ class Server:
                 pass
 
 
+def parse_flag_value(text: str) -> recipes_mod.FlagValue:
+    """A flag value written on the command line: true/false, a number, else the text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text.strip())
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def launch_flags(recipe: Recipe, profile: str | None = None, overrides: Iterable[str] = ()) -> dict[str, recipes_mod.FlagValue]:
+    """`vllm serve` flags to add to or replace in the recipe's for one launch: the recipe's named profile
+    (`verification.launch_profiles`), then FLAG=VALUE items (`--launch-override`), later ones winning."""
+    flags: dict[str, recipes_mod.FlagValue] = {}
+    if profile is not None:
+        profiles = recipe.verification.launch_profiles
+        if profile not in profiles:
+            known = ", ".join(profiles) or "none"
+            raise RecipeError(f"--launch-profile: {recipe.path} has no launch profile {profile!r} (known: {known})")
+        flags.update(profiles[profile])
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        name = name.strip().removeprefix("--")
+        if not sep or not name or not value.strip() or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+            raise RecipeError(f"--launch-override: expected FLAG=VALUE (e.g. max-num-batched-tokens=640), got {item!r}")
+        if name in ("host", "port"):
+            raise RecipeError(f"--launch-override: {name} is chosen by the launcher")
+        flags[name] = parse_flag_value(value)
+    return flags
+
+
 def attach(base_url: str, model: str | None = None, timeout_s: float = 10.0) -> Endpoint:
     """Use a server someone else started: check /health and learn the model name if not given."""
     probe = Endpoint(base_url, model or "")
@@ -359,6 +393,17 @@ def attach(base_url: str, model: str | None = None, timeout_s: float = 10.0) -> 
     return Endpoint(base_url, model)
 
 
+def start_or_report(server: Server, say: Say = print) -> Ready | None:
+    """Start the server; if it does not come up, say why with the last log lines and return None."""
+    try:
+        return server.start()
+    except LaunchError as exc:
+        say(f"error: {exc}")
+        for line in exc.log_tail:
+            say(f"  | {line}")
+        return None
+
+
 def serve_foreground(server: Server, say: Say = print) -> int:
     """Start, print one ready line, stay until SIGINT/SIGTERM, stop everything. Returns the exit code."""
     stop_requested = threading.Event()
@@ -368,12 +413,8 @@ def serve_foreground(server: Server, say: Say = print) -> int:
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        try:
-            ready = server.start()
-        except LaunchError as exc:
-            say(f"error: {exc}")
-            for line in exc.log_tail:
-                say(f"  | {line}")
+        ready = start_or_report(server, say)
+        if ready is None:
             return 1
         say(ready.line())
         sys.stdout.flush()

@@ -185,6 +185,26 @@ class NeedleExpectation(_Strict):
     )
 
 
+class EngineStatesExpectation(_Strict):
+    """Tolerances of the engine-states probes (same-step prefixes, preemption, chunked prefill, batch composition)."""
+
+    max_logprob_diff: float = Field(
+        0.0, ge=0, description="Allowed max |run - solo run| of the chosen tokens' logprobs (0: bit-identical)"
+    )
+    tie_margin: float = Field(
+        0.0,
+        ge=0,
+        description="bf16 near-tie: a first differing token whose two candidates are within this many nats of each "
+        "other in the solo run's top-k (and moved by no more than max_logprob_diff in the other run) is a tie, not a fail",
+    )
+    prompt_logprobs_max_diff: float = Field(
+        0.0,
+        ge=0,
+        description="Allowed max |difference| of prompt logprobs (top-k entries included) between two computation "
+        "paths: the sampler's next-token logprobs at a chunk boundary, or another server's chunking",
+    )
+
+
 class OracleTolerance(_Strict):
     """How far served logprobs may sit from the reference forward pass (fp32) for one served dtype; set from
     measurements on a clean server, with a margin, and say where they were measured in `measured`."""
@@ -238,6 +258,12 @@ class Verification(_Strict):
     concurrency: int | None = Field(None, gt=0, description="In-flight requests; default --max-num-seqs")
     prefix_cache: PrefixCacheExpectation | None = None
     needles: NeedleExpectation | None = None
+    engine_states: EngineStatesExpectation | None = None
+    launch_profiles: dict[str, dict[str, FlagValue]] = Field(
+        default_factory=dict,
+        description="Named sets of `vllm serve` flag overrides for `cookbook verify --launch --launch-profile NAME`, "
+        "e.g. a small KV pool that makes the engine preempt",
+    )
     oracle: OracleExpectation | None = Field(None, description="The numerics oracle's tolerances and golden file")
 
 
