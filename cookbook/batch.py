@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,15 +26,19 @@ from .errors import CookbookError
 from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
 from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
-from .results import CheckResult, Evidence, Hardware, RunResults, now, read_results, run_hardware, write_results
-from .secrets import mask, secret_values
+from .results import (
+    CheckResult, Evidence, Hardware, RunResults, check_output_path, now, read_results, run_hardware, write_results,
+)
+from .secrets import current_secrets, scrub, strip_url_credentials
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as MplFigure
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 # The batch set, in order. 00_index only explains the set; it is executed by the tests, not by a batch.
-BATCH_NOTEBOOKS = ("01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput")
+BATCH_NOTEBOOKS = (
+    "01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput", "07_engine_states",
+)
 PARTS_DIR = "parts"
 # Checks a notebook of the set runs on its own (with its figure); the verify notebook leaves them to it in a batch.
 NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}
@@ -359,7 +362,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
     except Exception as exc:  # the kernel died, a timeout, a malformed notebook: still one failed notebook
         status, error = "failed", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    error = mask(error, secret_values(os.environ))  # the summary is printed and shared: never a secret in it
+    error = scrub(error)  # the summary is printed and shared: never a secret in it
     outcome = NotebookOutcome(name=source.stem, status=status, seconds=round(time.monotonic() - started, 1), error=error)
     if executed.exists():
         from .report import notebook_html
@@ -451,7 +454,7 @@ def run_batch(
     sources = list(declared)
     parse_hardware(hardware)  # a bad --hardware fails before anything runs
     run_dir.mkdir(parents=True, exist_ok=True)
-    summary = BatchSummary(recipe=recipe.id, run_dir=str(run_dir.resolve()), base_url=base_url, launched=launched,
+    summary = BatchSummary(recipe=recipe.id, run_dir=str(run_dir.resolve()), base_url=strip_url_credentials(base_url), launched=launched,
                            started_at=now())
     started = time.monotonic()
     session = open_session(recipe, base_url, run_dir, hardware)
@@ -488,10 +491,10 @@ def run_batch(
     summary.timings["notebooks_s"] = summary.wall_s
     summary.index = "index.html"
     write_index(run_dir, summary, results)
-    masked = mask_secrets(run_dir, secret_values(os.environ))
+    masked = mask_secrets(run_dir, current_secrets())
     summary.secrets_masked = [p.relative_to(run_dir).as_posix() for p in masked]
     write_atomic(run_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")
-    mask_secrets(run_dir, secret_values(os.environ))
+    mask_secrets(run_dir, current_secrets())
     return summary
 
 
@@ -515,6 +518,7 @@ def run_recipe(
     say: Say = print,
 ) -> BatchSummary:
     """One recipe's batch: attach to `base_url`, or launch the recipe's server for the run and stop it after."""
+    check_output_path(out, "--out", folder=True)  # an unusable --out fails before anything runs
     parse_hardware(hardware)  # a bad --hardware fails before a server is touched
     plan(notebooks, parameters)  # so do a bad --notebooks and --param
     if base_url:
@@ -567,6 +571,7 @@ def run_demo(
 
     started = time.monotonic()
     recipe = load_recipe(DEMO_RECIPE)
+    check_output_path(out, "--out", folder=True)
     declared = set().union(*plan(notebooks, parameters).values())  # bad arguments fail before anything is built
     demo_parameters = {k: v for k, v in DEMO_PARAMETERS.items() if k in declared}
     run_dir = prepare_run_dir(recipe, out)

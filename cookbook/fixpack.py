@@ -22,6 +22,7 @@ CHECK_NAMES = frozenset({
     "known-answer", "known-answer-concurrent", "tool-call-auto", "tool-call-streamed", "tool-result",
     "top-logprobs", "prompt-logprobs", "json-schema", "logit-bias", "min-p", "min-tokens", "bad-words", "seed",
     "sampling-concurrent", "prefix-cache", "needles", "server-health",
+    "same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition",
 })
 
 

@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from .endpoint import Endpoint
-from .errors import CookbookError, ServerDown, ServerError
+from .errors import CookbookError, ServerDown, ServerError, RequestTimeout
 
 # Seconds a long request may take on top of the check's base timeout, per prompt token (about 100 tokens/s: slow
 # enough for the 2-vCPU CPU server and for a Gaudi card compiling a new shape, still bounded).
@@ -165,6 +165,8 @@ def _tokenize(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's /tokenize with a body Endpoint.tokenize does not send (chat messages), or for its max_model_len."""
     try:
         response = endpoint.http().post("/tokenize", json={"model": endpoint.model, **body})
+    except httpx.TimeoutException as exc:
+        raise RequestTimeout(f"{endpoint.base_url}/tokenize: {exc}") from None
     except httpx.HTTPError as exc:
         raise ServerDown(f"{endpoint.base_url}/tokenize: {type(exc).__name__}") from None
     if response.status_code != 200:
@@ -312,7 +314,7 @@ def ask(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Answer:
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
         raise ServerDown(f"{endpoint.base_url}/v1/chat/completions: {type(exc).__name__}") from None
     except httpx.TimeoutException:
-        raise ServerError(f"{endpoint.base_url}/v1/chat/completions: no answer within {timeout_s:.0f} s") from None
+        raise RequestTimeout(f"{endpoint.base_url}/v1/chat/completions: no answer within {timeout_s:.0f} s") from None
     seconds = time.monotonic() - started
     if response.status_code != 200:
         raise ServerError(f"/v1/chat/completions: HTTP {response.status_code}: {response.text[:300]}")

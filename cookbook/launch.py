@@ -25,11 +25,11 @@ from typing import Callable, Iterable
 
 from . import recipes as recipes_mod
 from .endpoint import Endpoint, kv_pool_from_metrics
-from .errors import LaunchError, ServerDown
+from .errors import LaunchError, RecipeError, ServerDown, ServerError
 from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, system_image
 from .models import ensure_model, models_dir
 from .recipes import Recipe
-from .secrets import mask, masked_env, secret_values
+from .secrets import MASK, SECRET_FLAGS, escape_control, masked_env, register_secret, scrub, secret_values
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
@@ -199,6 +199,8 @@ class Server:
             env["COOKBOOK_MODELS"] = str(models)
         flags = {**self.extra_flags, "host": self.host, "port": self.port}
         self._secrets = secret_values(os.environ, recipe.environment, flags={**recipe.serve.flags, **self.extra_flags})
+        for value in self._secrets:  # masked by every writer of this process from now on, not only the log
+            register_secret(value)
 
         self._run_fixes(image, env)
         argv = recipes_mod.serve_argv(recipe, models, extra=flags)
@@ -227,7 +229,7 @@ class Server:
         if kv is None:
             try:
                 kv = kv_pool_from_metrics(endpoint.metrics())
-            except ServerDown:
+            except ServerError:
                 kv = None
         self.ready = Ready(base_url, recipe.served_model_name, kv, self.log_path, time.monotonic() - started)
         return self.ready
@@ -278,7 +280,7 @@ class Server:
         argv = [str(image.python), str(apply_all), *recipes_mod.fix_command(self.recipe)]
         self._log_command(argv, {})
         proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.run_dir)
-        output = mask(proc.stdout.decode(errors="replace"), self._secrets)
+        output = scrub(proc.stdout.decode(errors="replace"), self._secrets)
         with open(self.log_path, "a") as log:
             log.write(output)
         if proc.returncode != 0:
@@ -289,8 +291,11 @@ class Server:
             )
 
     def _log_command(self, argv: list[str], env: dict[str, str]) -> None:
-        shown_env = " ".join(f"{k}={v}" for k, v in masked_env(env).items())
-        line = mask(" ".join(argv), self._secrets)
+        shown_env = " ".join(f"{k}={recipes_mod.shell_value(v)}" for k, v in masked_env(env).items())
+        secret_flags = {f"--{name}" for name in SECRET_FLAGS}
+        words = [MASK if i and argv[i - 1] in secret_flags else a for i, a in enumerate(argv)]
+        line = escape_control(scrub(" ".join(recipes_mod.shell_value(w) for w in words), self._secrets))
+        shown_env = escape_control(scrub(shown_env, self._secrets))
         with open(self.log_path, "a") as log:
             log.write(f"$ {shown_env + ' ' if shown_env else ''}{line}\n")
         self.say(f"$ {line}")
@@ -299,7 +304,7 @@ class Server:
         assert proc.stdout is not None
         with log:  # type: ignore[attr-defined]
             for raw in iter(proc.stdout.readline, b""):
-                line = mask(raw.decode(errors="replace"), self._secrets)
+                line = scrub(raw.decode(errors="replace"), self._secrets)
                 log.write(line.encode())  # type: ignore[attr-defined]
                 log.flush()  # type: ignore[attr-defined]
                 self._tail.append(line.rstrip("\n"))
@@ -340,6 +345,40 @@ class Server:
                 pass
 
 
+def parse_flag_value(text: str) -> recipes_mod.FlagValue:
+    """A flag value written on the command line: true/false, a number, else the text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text.strip())
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def launch_flags(recipe: Recipe, profile: str | None = None, overrides: Iterable[str] = ()) -> dict[str, recipes_mod.FlagValue]:
+    """`vllm serve` flags to add to or replace in the recipe's for one launch: the recipe's named profile
+    (`verification.launch_profiles`), then FLAG=VALUE items (`--launch-override`), later ones winning."""
+    flags: dict[str, recipes_mod.FlagValue] = {}
+    if profile is not None:
+        profiles = recipe.verification.launch_profiles
+        if profile not in profiles:
+            known = ", ".join(profiles) or "none"
+            raise RecipeError(f"--launch-profile: {recipe.path} has no launch profile {profile!r} (known: {known})")
+        flags.update(profiles[profile])
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        name = name.strip().removeprefix("--")
+        if not sep or not name or not value.strip() or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+            raise RecipeError(f"--launch-override: expected FLAG=VALUE (e.g. max-num-batched-tokens=640), got {item!r}")
+        if name in ("host", "port"):
+            raise RecipeError(f"--launch-override: {name} is chosen by the launcher")
+        flags[name] = parse_flag_value(value)
+    return flags
+
+
 def attach(base_url: str, model: str | None = None, timeout_s: float = 10.0) -> Endpoint:
     """Use a server someone else started: check /health and learn the model name if not given."""
     probe = Endpoint(base_url, model or "")
@@ -354,6 +393,17 @@ def attach(base_url: str, model: str | None = None, timeout_s: float = 10.0) -> 
     return Endpoint(base_url, model)
 
 
+def start_or_report(server: Server, say: Say = print) -> Ready | None:
+    """Start the server; if it does not come up, say why with the last log lines and return None."""
+    try:
+        return server.start()
+    except LaunchError as exc:
+        say(f"error: {exc}")
+        for line in exc.log_tail:
+            say(f"  | {line}")
+        return None
+
+
 def serve_foreground(server: Server, say: Say = print) -> int:
     """Start, print one ready line, stay until SIGINT/SIGTERM, stop everything. Returns the exit code."""
     stop_requested = threading.Event()
@@ -363,12 +413,8 @@ def serve_foreground(server: Server, say: Say = print) -> int:
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        try:
-            ready = server.start()
-        except LaunchError as exc:
-            say(f"error: {exc}")
-            for line in exc.log_tail:
-                say(f"  | {line}")
+        ready = start_or_report(server, say)
+        if ready is None:
             return 1
         say(ready.line())
         sys.stdout.flush()

@@ -18,6 +18,7 @@ from .errors import ResultsError
 from .fixpack import load_pack
 from .recipes import REPO_ROOT, Recipe, render_launch_block
 from .results import RunResults, read_results
+from .secrets import scrub_file_text
 
 RESULTS_FILE = "results.json"
 Row = tuple[str, str]
@@ -361,8 +362,10 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write a text file via a temp file and a rename: a reader never sees it half-written."""
+    """Write a text file via a temp file and a rename: a reader never sees it half-written. Secrets are masked
+    on the way (cookbook.secrets: the one masking path every writer shares)."""
     path = Path(path)
+    text = scrub_file_text(path, text)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

@@ -6,8 +6,11 @@ any mistake. Rendering turns it into the seed pages' Launch block, byte for byte
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 import shlex
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -16,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .lint import LintRule  # the rule schema only; cookbook.lint imports nothing of this module at load
 from .errors import RecipeError
-from .secrets import MASK, is_secret_name
+from .secrets import MASK, SECRET_FLAG_ENV, SECRET_FLAGS, is_secret_name, masked_env, masked_flags
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = REPO_ROOT / "recipes"
@@ -24,6 +27,18 @@ RECIPE_FILE = "recipe.yaml"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# A model id is a hub id (org/name) or a path (absolute, ./relative, or under one of the cookbook's placeholders):
+# letters, digits and . _ + - between slashes; nothing a shell would read (quotes, spaces, $, `, ;, newlines).
+_MODEL_ID = re.compile(r"^(?:\$COOKBOOK(?:_MODELS)?/|/|\./)?[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9._+-]+)*$")
+_PLACEHOLDERS = ("$COOKBOOK_MODELS/", "$COOKBOOK/")
+
+# Bounds that keep a recipe's numbers sane: a length or count of tokens, a fraction.
+MAX_TOKENS = 100_000_000
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# Integer serve flags the cookbook reads, with their sane ranges.
+INT_FLAGS = {"max-model-len": (1, MAX_TOKENS), "max-num-seqs": (1, 65_536), "tensor-parallel-size": (1, 4096),
+             "block-size": (1, 65_536), "max-num-batched-tokens": (1, MAX_TOKENS)}
 
 FlagValue = Union[bool, int, float, str, list[Union[int, float, str]]]
 
@@ -39,13 +54,23 @@ class ModelFacts(_Strict):
     architecture: str = Field(description="config.json architecture, e.g. Qwen3NextForCausalLM")
     summary: str = Field(description="One sentence for the page's title block")
     description: str = Field(description="The Guide paragraph: layers, experts, precision, context, cards")
-    params_total: float = Field(gt=0, description="Total parameters")
-    params_active: float = Field(gt=0, description="Parameters active per token (= total for dense models)")
-    bytes_per_weight: float = Field(gt=0, description="2 for BF16, 1 for FP8")
-    experts_total: int = Field(0, ge=0, description="Routed experts per MoE layer; 0 for dense models")
-    experts_active: int = Field(0, ge=0, description="Routed experts per token")
+    params_total: float = Field(gt=0, le=1e15, allow_inf_nan=False, description="Total parameters")
+    params_active: float = Field(gt=0, le=1e15, allow_inf_nan=False, description="Parameters active per token (= total for dense models)")
+    bytes_per_weight: float = Field(gt=0, le=8, allow_inf_nan=False, description="2 for BF16, 1 for FP8")
+    experts_total: int = Field(0, ge=0, le=100_000, description="Routed experts per MoE layer; 0 for dense models")
+    experts_active: int = Field(0, ge=0, le=100_000, description="Routed experts per token")
     hybrid: bool = Field(False, description="Gated DeltaNet / Mamba layers beside attention (hybrid KV cache)")
     tags: list[str] = Field(default_factory=list, description="Badges such as moe, text")
+
+    @field_validator("id")
+    @classmethod
+    def _model_id(cls, value: str) -> str:
+        if not _MODEL_ID.match(value) or len(value) > 300:
+            raise ValueError(
+                f"{value!r} cannot be a model name or path (a hub id such as org/name, or a path of letters, digits, "
+                ". _ + - and slashes)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _active_within_total(self) -> "ModelFacts":
@@ -58,8 +83,8 @@ class ModelFacts(_Strict):
 
 class Hardware(_Strict):
     kind: Literal["gaudi2", "gaudi3", "cpu"] = Field(description="What the recipe was verified on")
-    cards: int = Field(ge=1, description="Cards (or CPU sockets) used")
-    tensor_parallel: int = Field(1, ge=1)
+    cards: int = Field(ge=1, le=4096, description="Cards (or CPU sockets) used")
+    tensor_parallel: int = Field(1, ge=1, le=4096)
     expert_parallel: bool = False
     description: str = Field(description="Human label, e.g. '4x Gaudi 2 (TP 4)'")
 
@@ -90,7 +115,7 @@ class Image(_Strict):
 
 class Precision(_Strict):
     dtype: Literal["bf16", "fp8", "fp32", "fp16"]
-    weights_gb: float = Field(gt=0, description="Size of the weights on disk in GB")
+    weights_gb: float = Field(gt=0, le=1e6, allow_inf_nan=False, description="Size of the weights on disk in GB")
     description: str = Field(description="Page label, e.g. 'BF16 (159 GB of weights)'")
 
 
@@ -142,21 +167,41 @@ class PrefixCaching(_Strict):
 
 class PrefixCacheExpectation(_Strict):
     logprobs: Literal["bit-identical", "close"] = Field(description="Hit vs cold logprobs")
-    max_logprob_diff: float = Field(0.0, ge=0, description="Allowed max |hit - cold| when 'close'")
-    prompt_tokens: list[int] | None = Field(
+    max_logprob_diff: float = Field(0.0, ge=0, allow_inf_nan=False, description="Allowed max |hit - cold| when 'close'")
+    prompt_tokens: list[Tokens] | None = Field(
         None, description="Prompt lengths in tokens, one prompt each; omitted: derived from the served context, "
         "block size and sliding windows"
     )
 
 
 class NeedleExpectation(_Strict):
-    lengths: list[int] | None = Field(
+    lengths: list[Tokens] | None = Field(
         None, description="Haystack lengths in tokens; omitted: the seeds' 24.8 %, 50 % and 93 % of the served context"
     )
-    depths: list[float] | None = Field(None, description="Needle depths as a fraction of the haystack, 0..1; omitted: 0.1, 0.5, 0.9")
+    depths: list[Fraction] | None = Field(None, description="Needle depths as a fraction of the haystack, 0..1; omitted: 0.1, 0.5, 0.9")
     value_digits: int = Field(
         7, ge=4, le=12, description="Digits of each needle's random number: fewer is easier for a small model to copy "
         "from far back; a lost or altered needle fails either way (exact match)"
+    )
+
+
+class EngineStatesExpectation(_Strict):
+    """Tolerances of the engine-states probes (same-step prefixes, preemption, chunked prefill, batch composition)."""
+
+    max_logprob_diff: float = Field(
+        0.0, ge=0, description="Allowed max |run - solo run| of the chosen tokens' logprobs (0: bit-identical)"
+    )
+    tie_margin: float = Field(
+        0.0,
+        ge=0,
+        description="bf16 near-tie: a first differing token whose two candidates are within this many nats of each "
+        "other in the solo run's top-k (and moved by no more than max_logprob_diff in the other run) is a tie, not a fail",
+    )
+    prompt_logprobs_max_diff: float = Field(
+        0.0,
+        ge=0,
+        description="Allowed max |difference| of prompt logprobs (top-k entries included) between two computation "
+        "paths: the sampler's next-token logprobs at a chunk boundary, or another server's chunking",
     )
 
 
@@ -213,6 +258,12 @@ class Verification(_Strict):
     concurrency: int | None = Field(None, gt=0, description="In-flight requests; default --max-num-seqs")
     prefix_cache: PrefixCacheExpectation | None = None
     needles: NeedleExpectation | None = None
+    engine_states: EngineStatesExpectation | None = None
+    launch_profiles: dict[str, dict[str, FlagValue]] = Field(
+        default_factory=dict,
+        description="Named sets of `vllm serve` flag overrides for `cookbook verify --launch --launch-profile NAME`, "
+        "e.g. a small KV pool that makes the engine preempt",
+    )
     oracle: OracleExpectation | None = Field(None, description="The numerics oracle's tolerances and golden file")
 
 
@@ -248,6 +299,8 @@ class Recipe(_Strict):
                     raise ValueError(f"environment name {name!r} is not a valid shell variable name")
                 if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                     raise ValueError(f"environment.{name} must be a string or number (quote true/false)")
+                if "\x00" in str(value):
+                    raise ValueError(f"environment.{name}: a NUL character cannot be in an environment value")
             return {k: str(v) for k, v in env.items()}
         return env
 
@@ -257,6 +310,16 @@ class Recipe(_Strict):
         for needed in ("max-model-len", "max-num-seqs"):
             if needed not in flags:
                 raise ValueError(f"serve.flags needs {needed}")
+        for name, (low, high) in INT_FLAGS.items():
+            value = flags.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                raise ValueError(f"serve.flags.{name}: expected a whole number from {low} to {high:,}, got {shown}")
+        for name, value in flags.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"serve.flags.{name}: expected a finite number, got {value}")
         caching_flag = flags.get("enable-prefix-caching")
         if caching_flag is not None and caching_flag is not self.prefix_caching.enabled:
             raise ValueError("prefix_caching.enabled disagrees with serve.flags.enable-prefix-caching")
@@ -323,14 +386,11 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
     path = Path(path)
     if path.is_dir():
         path = path / RECIPE_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: no such recipe file") from None
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    text = _read_recipe_text(path)
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
@@ -347,8 +407,37 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _first_error(path, exc) from None
+    except RecursionError:
+        raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     _check_against_fix_pack(recipe)
     return recipe
+
+
+MAX_RECIPE_BYTES = 1 << 20
+
+
+def _read_recipe_text(path: Path) -> str:
+    """The file's text: a regular file (never a FIFO or a device, which could block or never end), at most 1 MiB,
+    UTF-8."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise RecipeError(f"{path}: not a regular file")
+    if info.st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{path}: {info.st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RECIPE_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _id_from_path(path: Path) -> str:
@@ -396,7 +485,12 @@ def load_recipe(ref: str | Path, root: Path = RECIPES_DIR) -> Recipe:
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or candidate.is_dir() or candidate.is_file():
         return load_recipe_file(candidate)
+    parts = Path(str(ref)).parts
+    if not parts or Path(str(ref)).is_absolute() or ".." in parts or "\x00" in str(ref):
+        raise RecipeError(f"recipe {str(ref)!r}: an id is a folder under recipes/, e.g. Qwen/Qwen3-Coder-Next")
     path = root / str(ref) / RECIPE_FILE
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise RecipeError(f"recipe {str(ref)!r}: resolves outside {root}")
     if not path.exists():
         known = ", ".join(p.parent.relative_to(root).as_posix() for p in recipe_paths(root))
         raise RecipeError(f"recipe {ref!r} not found under {root} (known: {known})")
@@ -408,9 +502,24 @@ def load_recipe(ref: str | Path, root: Path = RECIPES_DIR) -> Recipe:
 
 
 def shell_value(value: object) -> str:
-    """Quote a value for the shell only where needed, so a '$(...)' or a space can never run anything."""
+    """Quote a value for the shell only where needed, so a '$(...)' or a space can never run anything. A value
+    with control characters is written in bash's $'...' form with escapes: the same value, and nothing raw (an
+    escape sequence, a carriage return) ever reaches a terminal that shows the block."""
     text = str(value)
+    if _CONTROL_CHARS.search(text):
+        return "$'" + "".join(_ansi_c(c) for c in text) + "'"
     return shlex.quote(text) if text else "''"
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _ansi_c(char: str) -> str:
+    if char in "\\'":
+        return "\\" + char
+    if _CONTROL_CHARS.match(char):
+        return f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}"
+    return char
 
 
 def flag_args(name: str, value: FlagValue) -> list[str]:
@@ -456,12 +565,21 @@ def serve_argv(recipe: Recipe, models_dir: Path | None = None, extra: dict[str, 
     return [expand_placeholders(word, models_dir) for word in argv]
 
 
+def shown_recipe(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as data for a reader (`recipe show`): secret-named environment values and secret flags masked."""
+    data = recipe.model_dump(mode="json", exclude={"path"})
+    data["environment"] = masked_env(data.get("environment") or {})
+    data["serve"]["flags"] = masked_flags(data["serve"]["flags"])
+    return data
+
+
 def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
-    """The seed pages' Launch block: exports, the fix step, then `vllm serve` with one flag per line."""
+    """The seed pages' Launch block: exports, the fix step, then `vllm serve` with one flag per line. A secret
+    flag (api-key, hf-token) reads its value from the environment (`--api-key "$VLLM_API_KEY"`), never inline."""
     lines: list[str] = []
     for name, value in recipe.environment.items():
         shown = MASK if mask_secrets and is_secret_name(name) else value
-        lines.append(f"export {name}={shell_value(shown)}")
+        lines.append(f"export {name}={shell_word(shown)}")
     if lines:
         lines.append("")
     if recipe.fixes.opt_in:
@@ -469,24 +587,32 @@ def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
     else:
         lines.append(f"# Fixes: the {recipe.fixes.profile} profile, in the pack's order.")
     lines.append("# Stops with a non-zero exit code if the image does not match.")
-    fix_args = " ".join(shell_value(a) for a in fix_command(recipe))
+    fix_args = " ".join(shell_word(a) for a in fix_command(recipe))
     lines.append(f'python3 "$COOKBOOK/fixes/apply_all.py" {fix_args} || exit 1')
     lines.append("")
-    model = model_argument(recipe)
-    model_word = f'"{model}"' if model.startswith("$COOKBOOK") else shell_value(model)
-    serve_lines = [f"vllm serve {model_word}"]
+    secret_flags = [n for n, v in recipe.serve.flags.items() if n in SECRET_FLAGS and isinstance(v, str)]
+    if mask_secrets and secret_flags:
+        names = ", ".join(SECRET_FLAG_ENV[n] for n in secret_flags)
+        lines.append(f"# Set {names} first: secrets are read from the environment, never written here.")
+    serve_lines = [f"vllm serve {shell_word(model_argument(recipe))}"]
     for name, value in recipe.serve.flags.items():
         words = flag_args(name, value)
-        rendered = [words[0], *(_flag_value_word(w) for w in words[1:])]
+        rendered = [words[0], *(shell_word(w) for w in words[1:])]
+        if mask_secrets and name in secret_flags:
+            rendered = [words[0], f'"${SECRET_FLAG_ENV[name]}"']
         serve_lines.append("  " + " ".join(rendered))
     lines.append(" \\\n".join(serve_lines))
     return "\n".join(lines) + "\n"
 
 
-def _flag_value_word(word: str) -> str:
-    # Files shipped with the cookbook are written relative to the checkout as "$COOKBOOK/...".
-    if word.startswith("$COOKBOOK/") and "'" not in word and '"' not in word and "`" not in word:
-        rest = word[len("$COOKBOOK/"):]
-        if shell_value(rest) == rest:
-            return f'"$COOKBOOK/{rest}"'
+def shell_word(word: str) -> str:
+    """One word of the Launch block, quoted the same way wherever it stands (model, flag value, fix argument): the
+    cookbook's placeholders ($COOKBOOK/..., $COOKBOOK_MODELS/...) stay expandable, everything after them is quoted,
+    so no value can run anything."""
+    for placeholder in _PLACEHOLDERS:
+        if word.startswith(placeholder):
+            name, rest = placeholder[:-1], word[len(placeholder):]
+            if rest and shell_value(rest) == rest:
+                return f'"{name}/{rest}"'
+            return f'"{name}"/{shell_value(rest)}'
     return shell_value(word)

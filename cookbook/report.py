@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from .pages import performance_note, performance_rows, published_label, verified_note, verified_rows, write_atomic
 from .results import CheckResult, RunResults
-from .secrets import MASK
+from .secrets import mask_folder, scan_folder
 
 if TYPE_CHECKING:  # pandas and matplotlib are imported only where a table or a figure is built
     import pandas as pd
@@ -256,29 +256,10 @@ def write_index(run_dir: Path, summary: "BatchSummary", results: RunResults | No
 
 def scan_secrets(folder: Path, secrets: Iterable[str]) -> list[Path]:
     """Every file under `folder` that contains one of the secret values (bytes, so binary files count too)."""
-    needles = [s.encode() for s in secrets if s]
-    if not needles:
-        return []
-    found = []
-    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        if any(n in data for n in needles):
-            found.append(path)
-    return found
+    return scan_folder(folder, secrets)
 
 
 def mask_secrets(folder: Path, secrets: Iterable[str]) -> list[Path]:
-    """Mask secret values in every text file under `folder`; delete a binary file that holds one.
-    Returns the files that were changed, so the run's summary can say so."""
-    values = sorted({s for s in secrets if s}, key=len, reverse=True)
-    changed = scan_secrets(folder, values)
-    for path in changed:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            path.unlink()
-            continue
-        for value in values:
-            text = text.replace(value, MASK)
-        write_atomic(path, text)
-    return changed
+    """Mask secret values in every file under `folder` (cookbook.secrets.mask_folder: JSON value by value, a binary
+    file overwritten in place, never deleted). Returns the files that were changed, so the run's summary can say so."""
+    return mask_folder(folder, secrets).changed

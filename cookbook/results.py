@@ -84,6 +84,7 @@ class RunResults(BaseModel):
     started_at: str = ""
     finished_at: str = ""
     kv_pool_tokens: int | None = None
+    stopped: str = Field("", description="Why the run ended before all it set out to do (server down, budget used up); empty when complete")
     checks: list[CheckResult] = Field(default_factory=list)
     performance: list[Figure] = Field(default_factory=list)
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> path relative to the results file")
@@ -111,6 +112,7 @@ class RunResults(BaseModel):
                 "started_at": min(filter(None, [self.started_at, other.started_at]), default=""),
                 "verified_note": self.verified_note or other.verified_note,
                 "performance_note": self.performance_note or other.performance_note,
+                "stopped": "; ".join(filter(None, [self.stopped, other.stopped])),
             }
         )
 
@@ -158,9 +160,12 @@ def run_hardware(stated: Hardware | None, recipe: Any, base_url: str) -> Hardwar
 
 def write_results(results: RunResults, path: Path) -> Path:
     """Write atomically: a reader never sees a half-written results file."""
+    from .secrets import scrub_data
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = results.model_dump_json(indent=2)
+    # Evidence may hold what a server echoed (a Bearer key, a URL's password): masked value by value, never syntax.
+    payload = RunResults.model_validate(scrub_data(results.model_dump(mode="json"))).model_dump_json(indent=2)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
@@ -173,16 +178,54 @@ def write_results(results: RunResults, path: Path) -> Path:
 
 
 def read_results(path: Path) -> RunResults:
+    """A results file, refused in one line naming the file when it is not one: a folder, not JSON, nested too
+    deeply, or written by a schema version this cookbook does not know."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        if path.exists() and not path.is_file():
+            raise ResultsError(f"{path}: not a file")
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such results file") from None
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read: {exc.strerror}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: nested too deeply to be a results file") from None
     except ValueError as exc:
-        raise ResultsError(f"{path}: not valid JSON ({exc})") from None
+        raise ResultsError(f"{path}: not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: (top level): expected an object of results fields")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise ResultsError(f"{path}: schema_version: {str(version)[:40]} is not a version this cookbook reads ({SCHEMA_VERSION})")
     try:
         return RunResults.model_validate(data)
+    except RecursionError:
+        raise ResultsError(f"{path}: nested too deeply to be a results file") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise ResultsError(f"{path}: {where}: {err['msg']}") from None
+
+
+def check_output_path(path: Path | None, flag: str, folder: bool = False) -> None:
+    """Refuse, before any work starts, an output that could not be written: a file path that is a folder, a folder
+    that is a file, a path under a file, or a place this user cannot write. One line naming the flag, exit 2."""
+    from .errors import UsageError
+
+    if path is None:
+        return
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise UsageError(f"{flag}: {path} exists and is not a folder")
+    if not folder and path.is_dir():
+        raise UsageError(f"{flag}: {path} is a folder; give a file path")
+    if not folder and path.exists() and not path.is_file():
+        raise UsageError(f"{flag}: {path} is not a regular file")
+    ancestor = path if folder and path.is_dir() else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{flag}: {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {path}: {ancestor} is not writable")

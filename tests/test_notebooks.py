@@ -97,7 +97,7 @@ def test_one_failing_notebook_the_rest_and_the_summary_survive(batch_run: tuple[
 def test_notebooks_write_their_results(batch_run: tuple[batch.BatchSummary, Path]) -> None:
     summary, run_dir = batch_run
     parts = {p.stem for p in (run_dir / "parts").glob("*.json")}
-    assert parts == {"launch", "verify", "prefix_cache", "needles", "throughput"}
+    assert parts == {"launch", "verify", "prefix_cache", "needles", "throughput", "engine_states"}
     results = read_results(run_dir / "results.json")
     assert results.hardware.kind == "cpu" and results.source == "measured"
     assert results.kv_pool_tokens and results.kv_pool_tokens > 10_000

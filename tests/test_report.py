@@ -76,7 +76,8 @@ def test_scan_and_mask_secrets(tmp_path: Path) -> None:
     changed = report.mask_secrets(tmp_path, [token])
     assert len(changed) == 2
     assert (tmp_path / "sub" / "a.json").read_text() == '{"x": "***"}'
-    assert not (tmp_path / "blob.png").exists()
+    # issue 15: a binary file holding the value is kept (the value's bytes overwritten), never deleted
+    assert (tmp_path / "blob.png").read_bytes().startswith(b"\x89PNG\xff\xfe") and token.encode() not in (tmp_path / "blob.png").read_bytes()
     assert report.scan_secrets(tmp_path, [token]) == []
     assert report.scan_secrets(tmp_path, []) == []
 

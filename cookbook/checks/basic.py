@@ -7,7 +7,6 @@ of the run is "not run: server down").
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import itertools
 import json
@@ -84,9 +83,8 @@ class Reply:
         return Evidence(request=self.request, response=excerpt(shown), note=note)
 
 
-@functools.lru_cache(maxsize=16)
-def _client(base_url: str, api_key_env: str, timeout_s: float) -> Any:
-    return Endpoint(base_url, "", api_key_env=api_key_env).openai(timeout_s=timeout_s)
+def _client(endpoint: Endpoint, timeout_s: float) -> Any:
+    return endpoint.shared_openai(timeout_s)
 
 
 def _create_kwargs(client: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +101,7 @@ def chat(ctx: CheckContext, body: dict[str, Any], stream: bool = False) -> Reply
     """Send one chat completion (`model` added). Streamed, the reply keeps every chunk and the final chunk's
     usage; its body holds no assembled message (assembly is what a streaming check checks)."""
     body = {"model": ctx.endpoint.model, **body}
-    client = _client(ctx.endpoint.base_url, ctx.endpoint.api_key_env, ctx.request_timeout_s)
+    client = _client(ctx.endpoint, ctx.request_timeout_s)
     started = time.monotonic()
     try:
         if not stream:
@@ -114,13 +112,22 @@ def chat(ctx: CheckContext, body: dict[str, Any], stream: bool = False) -> Reply
         return Reply({**body, "stream": True}, {"usage": usage}, time.monotonic() - started, chunks)
     except openai.APIStatusError as exc:
         note = f"HTTP {exc.status_code}: {excerpt(exc.response.text, 300)}"
+        location = exc.response.headers.get("location")
+        if 300 <= exc.status_code < 400:  # redirects are never followed: another origin's answers are never scored
+            note = f"HTTP {exc.status_code}: a redirect to {location!r}, not followed"
         raise CheckFailed(f"HTTP {exc.status_code}", [Evidence(request=body, response=excerpt(exc.response.text), note=note)]) from None
     except (openai.APIConnectionError, httpx.TransportError) as exc:  # timeouts, and a stream cut off midway
+        timed_out = isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException))
+        budget = ctx.endpoint.budget
+        if timed_out and budget is not None and budget.expired:
+            what = f"no answer before {budget.describe()} ran out"
+        elif timed_out:
+            what = f"no answer within {ctx.request_timeout_s:g} s"
+        else:
+            what = "connection lost"
         if not ctx.endpoint.healthy():
             raise ServerDown(f"{ctx.endpoint.base_url}: {type(exc).__name__}: server not reachable") from None
-        timed_out = isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException))
-        what = f"no answer within {ctx.request_timeout_s:.0f} s" if timed_out else "connection lost"
-        raise CheckFailed(what, [Evidence(request=body, note=f"{what} ({type(exc).__name__})")]) from None
+        raise CheckFailed(what, [Evidence(request=body, note=f"{what} ({type(exc).__name__})")], timed_out=timed_out) from None
 
 
 def chat_all(ctx: CheckContext, bodies: list[dict[str, Any]]) -> list[Reply]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..endpoint import Endpoint, kv_pool_from_metrics, metric_value
-from ..errors import CookbookError, ServerDown
+from ..endpoint import Deadline, Endpoint, kv_pool_from_metrics, metric_value
+from ..errors import CookbookError, RequestTimeout, ServerDown
 from ..recipes import Recipe
 from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, run_hardware
 
@@ -57,10 +57,11 @@ class CheckSkipped(CookbookError):
 class CheckFailed(CookbookError):
     """Raised inside a check to end it as a fail with evidence, e.g. when the server answers HTTP 500."""
 
-    def __init__(self, result: str, evidence: list[Evidence] | None = None) -> None:
+    def __init__(self, result: str, evidence: list[Evidence] | None = None, timed_out: bool = False) -> None:
         super().__init__(result)
         self.result = result
         self.evidence = evidence or []
+        self.timed_out = timed_out  # the request got no answer within its deadline (see run_checks' stall rule)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class CheckContext:
     request_timeout_s: float = 60.0
     hardware: Hardware | None = None  # what served the run; default: this machine for CPU recipes, else unknown
     run_start: RunStart | None = None  # set by run_checks before the first check
+    budget_s: float | None = None  # the whole run's wall-clock budget; every request's deadline is capped by it
 
     @property
     def max_tokens(self) -> int:
@@ -170,6 +172,23 @@ def run_checks(
     the server is still there.
     """
     recipe = ctx.recipe
+    if ctx.budget_s is not None:
+        ctx.endpoint.budget = Deadline(ctx.budget_s, "the run's budget")
+    try:
+        return _run_checks(ctx, names, progress)
+    finally:
+        if ctx.budget_s is not None:
+            ctx.endpoint.budget = None
+
+
+# After this many checks in a row whose requests got no answer within their deadline (while /health still answers),
+# the API is taken as hanging and the rest are not run: a hung server must not cost a full timeout per check.
+STALLED_AFTER = 2
+
+
+def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[str], None] | None) -> RunResults:
+    recipe = ctx.recipe
+    budget = ctx.endpoint.budget
     ctx.run_start = snapshot_server(ctx.endpoint)
     results = RunResults(
         recipe=recipe.id if recipe else "(none)",
@@ -180,20 +199,30 @@ def run_checks(
         kv_pool_tokens=ctx.run_start.kv_pool_tokens,
     )
     server_down = not ctx.run_start.healthy
+    stalled = 0  # checks in a row that ran out of their requests' deadline
+    not_run = "not run: server down"
     for spec in selected_checks(names, recipe):
         if progress:
             progress(spec.name)
         label = spec.label_for(ctx)
         skip_reason = recipe.verification.skip.get(spec.name) if recipe else None
         skip_reason = skip_reason or spec.applies(ctx)
+        if not server_down and budget is not None and budget.expired:
+            server_down, not_run = True, f"not run: {budget.describe()} was used up"
+            results.stopped = results.stopped or f"{budget.describe()} was used up before {spec.name}"
+        if not server_down and stalled >= STALLED_AFTER:
+            server_down = True
+            not_run = f"not run: the API gave no answer within the deadline in {stalled} checks in a row"
+            results.stopped = results.stopped or f"{not_run.removeprefix('not run: ')} (before {spec.name})"
         if server_down:
-            results.checks.append(CheckResult(name=spec.name, label=label, status="not run", result="not run: server down"))
+            results.checks.append(CheckResult(name=spec.name, label=label, status="not run", result=not_run))
             continue
         if skip_reason:
             results.checks.append(CheckResult(name=spec.name, label=label, status="skipped", result=f"not applicable: {skip_reason}"))
             continue
         started = time.monotonic()
         status: Status
+        timed_out = False
         try:
             outcome = spec.fn(ctx)
             status = "inconclusive" if outcome.inconclusive else "pass" if outcome.passed else "fail"
@@ -203,16 +232,19 @@ def run_checks(
         except CheckFailed as exc:
             outcome = CheckOutcome(False, exc.result, exc.evidence)
             status = "fail"
+            timed_out = exc.timed_out
         except CheckSkipped as exc:
             outcome = CheckOutcome(False, exc.result, exc.evidence)
             status = "skipped"
         except ServerDown as exc:
             server_down = True
+            results.stopped = results.stopped or f"server down during {spec.name}"
             outcome = CheckOutcome(False, "not run: server down", [Evidence(note=str(exc))])
             status = "not run"
         except CookbookError as exc:
             outcome = CheckOutcome(False, f"error: {exc}", [Evidence(note=str(exc))])
             status = "error"
+            timed_out = isinstance(exc, RequestTimeout)
         except Exception as exc:  # a check must never take the suite down with it
             if not ctx.endpoint.healthy():
                 server_down = True
@@ -224,6 +256,10 @@ def run_checks(
                 status = "error"
         if status in ("fail", "error") and not ctx.endpoint.healthy():
             server_down = True  # e.g. the request that failed took the engine down with it
+            results.stopped = results.stopped or f"server down after {spec.name}"
+        stalled = stalled + 1 if timed_out else 0
+        if timed_out:
+            outcome.details = {**outcome.details, "ran_out_of_deadline": True}
         limitation = recipe.verification.known_limitations.get(spec.name) if recipe else None
         result_text = outcome.result
         evidence = list(outcome.evidence)
@@ -273,3 +309,32 @@ def verified_table(results: RunResults) -> str:
     if results.kv_pool_tokens is not None:
         rows += ["", f"KV pool at start-up: {results.kv_pool_tokens:,} tokens."]
     return "\n".join(rows) + "\n"
+
+
+# Check parameters (verify's --param) whose values the checks rely on: name -> (kind, low, high).
+_PARAM_RANGES: dict[str, tuple[type, float, float]] = {
+    "concurrency": (int, 1, 4096),
+    "needle_lengths": (int, 1, 100_000_000),
+    "needle_depths": (float, 0, 1),
+    "prefix_cache_prompt_tokens": (int, 1, 100_000_000),
+}
+
+
+def check_params(params: dict[str, Any], flag: str = "--param") -> dict[str, Any]:
+    """Refuse, in one line naming the parameter, a value a check could not use (concurrency=abc, concurrency=0 would
+    pass the concurrent check with zero requests, a depth of 2)."""
+    from ..errors import UsageError
+
+    for name, (kind, low, high) in _PARAM_RANGES.items():
+        if name not in params:
+            continue
+        values = params[name] if isinstance(params[name], list) else [params[name]]
+        for value in values:
+            number_ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+            if kind is int:
+                number_ok = number_ok and float(value).is_integer()
+            if not number_ok or not low <= value <= high:
+                what = "a whole number" if kind is int else "a number"
+                raise UsageError(f"{flag}: {name}: expected {what} from {low:g} to {high:g}, got {str(value)[:40]!r}")
+        params[name] = [kind(v) for v in values] if isinstance(params[name], list) else kind(params[name])
+    return params

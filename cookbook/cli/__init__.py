@@ -11,8 +11,9 @@ import importlib
 import sys
 
 from ..errors import CookbookError
+from ..secrets import ScrubbingStream
 
-COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "doctor", "reference"]
+COMMANDS = ["setup", "recipe", "serve", "verify", "bench", "run", "page", "compare", "demo", "doctor", "reference", "k8s"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Everything the command prints goes through the one masking path, control characters escaped.
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ScrubbingStream(out), ScrubbingStream(err)
     try:
         return int(args.run(args) or 0)
     except CookbookError as exc:
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

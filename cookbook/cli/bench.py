@@ -3,15 +3,17 @@ the sweep and the roofline, printed; optionally as results JSON and PNG figures.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 from ..batch import parse_hardware
 from ..bench import TABLE, WORKLOADS, BenchConfig, format_report, run_performance_table
-from ..errors import CookbookError
+from ..errors import UsageError
 from ..plots import save_run_plots
-from ..results import write_results
+from ..endpoint import Deadline
+from ..results import check_output_path, write_results
 from ..roofline import roofline_rows
 from ._common import add_server_args, endpoint_from, recipe_from
 
@@ -43,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--streams", type=int, help="N of the N-stream figure and the sweep's top (default --max-num-seqs)")
     parser.add_argument("--output-tokens", type=int, default=256, help="tokens per short-prompt stream (default 256)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one short request may take (default 300)")
+    parser.add_argument("--budget", type=float, default=3600.0, metavar="S",
+                        help="wall-clock seconds the whole run may take; workloads past it are not measured (default 3600)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the results (the shared RunResults schema) here")
     parser.add_argument("--plots", type=Path, metavar="DIR", help="write throughput.png, latency.png, roofline.png here")
     parser.add_argument("--hardware", metavar="KIND:DESCRIPTION",
@@ -51,17 +55,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output_tokens <= 0 or (args.streams is not None and args.streams <= 0):
+        raise UsageError("--output-tokens and --streams must be positive")
+    for flag, value in (("--timeout", args.timeout), ("--budget", args.budget)):
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag}: must be a positive number of seconds, got {value}")
+    check_output_path(args.json, "--json")  # before any request: a run's figures must have somewhere to go
+    check_output_path(args.plots, "--plots", folder=True)
     recipe = recipe_from(args)
     endpoint = endpoint_from(args, recipe)
-    if args.output_tokens <= 0 or (args.streams is not None and args.streams <= 0) or args.timeout <= 0:
-        raise CookbookError("--output-tokens, --streams and --timeout must be positive")
+    endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)  # /tokenize, /metrics: bounded like a request
+    endpoint.budget = Deadline(args.budget, "the run's budget")
     config = BenchConfig(
         output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout
     )
     say = lambda line: print(f"bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
     results = run_performance_table(endpoint, recipe, config, parse_hardware(args.hardware), args.workloads, say)
+    if args.json:  # what was measured is written first, whatever happens to the plots
+        write_results(results, args.json)
     if args.plots:
-        paths = save_run_plots(results, recipe, args.plots)
+        try:
+            paths = save_run_plots(results, recipe, args.plots)
+        except Exception as exc:  # a figure that cannot be drawn must not lose the numbers
+            say(f"plots not written: {type(exc).__name__}: {exc}")
+            paths = {}
         base = args.json.parent if args.json else args.plots
         results.artifacts.update({name: os.path.relpath(path, base) for name, path in paths.items()})
         for path in paths.values():
@@ -72,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
     rows = roofline_rows(recipe, results.performance, results.hardware) if recipe else None
     print(format_report(results, rows, recipe))
     failed = sum(f.failed_requests for f in results.performance)
+    endpoint.close()
     if failed:
         errors = sorted({e for f in results.performance for e in f.details.get("errors", [])})
         print(f"\n{failed} request(s) failed: {'; '.join(errors)[:500]}", file=sys.stderr)
-    endpoint.close()
+    if results.stopped:
+        print(f"error: {results.stopped}", file=sys.stderr)
+        return 1
     return 1 if failed else 0

@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..compare import DEFAULT_THRESHOLD, compare_runs, comparison_figure, format_comparison, load_run
+from ..compare import DEFAULT_THRESHOLD, compare_runs, comparison_figure, figure_path, format_comparison, load_run
 from ..errors import CookbookError
 from ..pages import write_atomic
+from ..results import check_output_path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,15 +22,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.threshold < 1000:
+    if not 0 <= args.threshold < 1000:  # NaN fails this too
         raise CookbookError(f"--threshold: expected a percentage between 0 and 1000, got {args.threshold:g}")
+    figure = figure_path(args.figure) if args.figure else None
+    check_output_path(figure, "--figure")  # before anything is read: the outputs must have somewhere to go
+    check_output_path(args.json, "--json")
     a, b = load_run(args.run_a), load_run(args.run_b)
     comparison = compare_runs(a, b, args.threshold / 100, (str(args.run_a), str(args.run_b)))
     print(format_comparison(comparison))
-    if args.figure:
-        args.figure.parent.mkdir(parents=True, exist_ok=True)
-        comparison_figure(comparison).savefig(args.figure, dpi=110, bbox_inches="tight")
-        print(f"figure: {args.figure}")
+    if figure is not None:
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        comparison_figure(comparison).savefig(figure, dpi=110, bbox_inches="tight")
+        print(f"figure: {figure}")
     if args.json:
         write_atomic(args.json, comparison.model_dump_json(indent=2) + "\n")
     return 0 if comparison.ok else 1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..pages import default_results, render_page, write_atomic
 from ..recipes import load_recipe
-from ..results import read_results
+from ..results import check_output_path, read_results
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
     recipe = load_recipe(args.recipe)
     if args.results is not None:
         path = args.results / "results.json" if args.results.is_dir() else args.results

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from ..recipes import list_recipes, load_recipe, render_launch_block
+from ..recipes import list_recipes, load_recipe, render_launch_block, shown_recipe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,7 +44,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
-    data = recipe.model_dump(mode="json", exclude={"path"})
+    data = shown_recipe(recipe)
     print(yaml.safe_dump(data, sort_keys=False, width=110), end="")
     return 0
 

@@ -1,4 +1,6 @@
-"""`cookbook verify --base-url URL [--recipe ID] [--model NAME] [--checks a,b] [--json OUT] [--hardware TEXT]`.
+"""`cookbook verify --base-url URL [--recipe ID] [--model NAME] [--checks a,b] [--json OUT] [--hardware TEXT]`, or
+`cookbook verify --launch --recipe ID [--launch-profile NAME] [--launch-override FLAG=VALUE ...] ...`, which starts
+the recipe's server (with the overrides), runs the checks against it and stops it.
 
 Prints the Verified table (Check | Result) and the KV pool line; exits 0 only if every check passed, is a known
 limitation of the recipe's model, or does not apply. The JSON is written even when the server dies mid-run.
@@ -6,19 +8,23 @@ limitation of the recipe's model, or does not apply. The JSON is written even wh
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..checks import CheckContext, run_checks, selected_checks
-from ..checks.registry import verified_table
+from ..checks.registry import check_params, verified_table
 from ..endpoint import Endpoint
-from ..errors import CookbookError
-from ..launch import attach
-from ..results import Hardware, RunResults, write_results
+from ..errors import CookbookError, UsageError
+from ..launch import Server, attach, free_port, launch_flags, start_or_report
+from ..recipes import Recipe
+from ..results import Hardware, RunResults, check_output_path, write_results
 from ._common import add_server_args, recipe_from
 
 EVIDENCE_SHOWN = 2
+DEFAULT_BUDGET_S = 1800.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,13 +38,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--hardware", metavar="TEXT", help="what served the run, e.g. 'four Gaudi 2 cards' (default: this machine for CPU recipes, else unknown)"
     )
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds per request (default 60)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="wall-clock seconds one request may take, start to last byte (default 60)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
+                        help=f"wall-clock seconds the whole run may take; checks past it are 'not run' (default {DEFAULT_BUDGET_S:g})")
     parser.add_argument(
         "--param",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="a check parameter, e.g. needle_lengths=2000,4000 or prefix_cache_prompt_tokens=300,1500 (repeatable)",
+    )
+    parser.add_argument(
+        "--launch", action="store_true", help="start the recipe's server for this run (instead of --base-url) and stop it after"
+    )
+    parser.add_argument(
+        "--launch-profile", metavar="NAME", help="with --launch: the recipe's verification.launch_profiles entry, e.g. engine-states"
+    )
+    parser.add_argument(
+        "--launch-override",
+        action="append",
+        default=[],
+        metavar="FLAG=VALUE",
+        help="with --launch: a `vllm serve` flag to add or replace, e.g. num-gpu-blocks-override=17 (repeatable)",
     )
     parser.add_argument("--out-dir", type=Path, metavar="DIR", help="where figures go (default: beside --json)")
     parser.set_defaults(run=run)
@@ -49,7 +71,7 @@ def parse_checks(text: str | None) -> list[str] | None:
         return None
     names = [n.strip() for n in text.split(",")]
     if not all(names):
-        raise CookbookError("--checks: empty name in the list (write e.g. known-answer,seed)")
+        raise UsageError("--checks: empty name in the list (write e.g. known-answer,seed)")
     return names
 
 
@@ -59,7 +81,7 @@ def parse_params(items: list[str]) -> dict[str, object]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise CookbookError(f"--param: expected KEY=VALUE, got {item!r}")
+            raise UsageError(f"--param: expected KEY=VALUE, got {item!r}")
         words = [_number(w.strip()) for w in value.split(",")]
         params[key.strip()] = words if "," in value or key.strip().endswith("s") else words[0]
     return params
@@ -79,7 +101,7 @@ def hardware_from(text: str | None) -> Hardware | None:
     if text is None:
         return None
     if not text.strip():
-        raise CookbookError("--hardware: empty")
+        raise UsageError("--hardware: empty")
     words = text.lower().replace("-", " ")
     kind = next((k for k, w in (("gaudi3", "gaudi 3"), ("gaudi2", "gaudi 2"), ("cpu", "cpu")) if w in words or k in words), "unknown")
     return Hardware(kind=kind, description=text.strip())
@@ -98,24 +120,60 @@ def evidence_lines(results: RunResults) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     names = parse_checks(args.checks)
-    if args.timeout <= 0:
-        raise CookbookError("--timeout: must be a positive number of seconds")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError(f"--budget: must be a positive number of seconds, got {args.budget}")
+    check_params(parse_params(args.param))  # a bad --param fails before any request
+    check_output_path(args.json, "--json")  # before any request: the results must have somewhere to go
+    check_output_path(args.out_dir, "--out-dir", folder=True)
     recipe = recipe_from(args)
     selected_checks(names, recipe)  # unknown names fail here, before any request
+    if args.launch:
+        return _run_launched(args, names, recipe)
+    if args.launch_profile or args.launch_override:
+        raise UsageError("--launch-profile/--launch-override: only with --launch")
     if not args.base_url:
-        raise CookbookError("--base-url: required (start a server with `cookbook serve RECIPE`)")
+        raise UsageError("--base-url: required (start a server with `cookbook serve RECIPE`, or use --launch)")
+    return _run_checks(args, names, recipe, args.base_url, {})
+
+
+def _run_launched(args: argparse.Namespace, names: list[str] | None, recipe: Recipe | None) -> int:
+    """Start the recipe's server with the launch overrides, run the checks against it, stop it."""
+    if recipe is None:
+        raise UsageError("--launch: needs --recipe (the server to start)")
+    if args.base_url:
+        raise UsageError("--launch: give either --launch or --base-url, not both")
+    flags = launch_flags(recipe, args.launch_profile, args.launch_override)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    server = Server(recipe, port=free_port(), extra_flags=flags, say=say)
+    ready = start_or_report(server, say)
+    if ready is None:
+        return 1
+    try:
+        say(ready.line())
+        return _run_checks(args, names, recipe, ready.base_url, flags)
+    finally:
+        server.stop()
+        say("verify: the launched server was stopped")
+
+
+def _run_checks(
+    args: argparse.Namespace, names: list[str] | None, recipe: Recipe | None, base_url: str, launched: dict[str, Any]
+) -> int:
     model = args.model or (recipe.served_model_name if recipe else None)
     # With a model name known, a server that is already down still gets a full table of "not run" (and its JSON).
-    endpoint = Endpoint(args.base_url, model) if model else attach(args.base_url)
+    endpoint = Endpoint(base_url, model) if model else attach(base_url)
     endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)
     out_dir = args.out_dir or (args.json.parent if args.json else None)
     ctx = CheckContext(
         endpoint,
         recipe,
         out_dir=out_dir,
-        params=parse_params(args.param),
+        params={**check_params(parse_params(args.param)), **({"launch_overrides": launched} if launched else {})},
         request_timeout_s=args.timeout,
         hardware=hardware_from(args.hardware),
+        budget_s=args.budget,
     )
     started = time.monotonic()
     results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
