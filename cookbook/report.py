@@ -154,6 +154,43 @@ def needles_figure(check: CheckResult | None) -> "Figure":
     return figure
 
 
+VERDICT_COLOURS = {"identical": "#2e7d32", "tie": "#f9a825"}
+
+
+def engine_states_figure(results: RunResults) -> "Figure":
+    """Each request of the engine-state probes against its solo run: the largest logprob difference over the tokens
+    both share, green when the tokens were identical, amber for a near-tie flip, red for a divergence that failed;
+    one panel per probe, titled with its status, so a probe that did not run still shows why."""
+    from matplotlib.figure import Figure
+
+    from .checks.engine_states import comparison_rows
+
+    rows = comparison_rows(results)
+    names = [c.name for c in results.checks]
+    figure = Figure(figsize=(max(6.0, 2.6 * len(names)), 3.4))
+    panels = figure.subplots(1, max(1, len(names)), squeeze=False)[0]
+    for axes, check in zip(panels, results.checks):
+        mine = [r for r in rows if r["check"] == check.name]
+        allowed = (check.details.get("expectation") or {}).get("max_logprob_diff")
+        if mine:
+            labels = [str(r["request"])[:18] for r in mine]
+            diffs = [r["max logprob diff"] or 0.0 for r in mine]
+            colours = [VERDICT_COLOURS.get(r["verdict"], "#c62828") for r in mine]
+            axes.bar(range(len(mine)), diffs, color=colours)
+            axes.set_xticks(range(len(mine)), labels, rotation=60, ha="right", fontsize=6)
+            if allowed:
+                axes.axhline(allowed, color="#c62828", linestyle="--", linewidth=1)
+        else:
+            axes.set_xticks([])
+            axes.text(0.5, 0.5, "no comparisons", ha="center", va="center", transform=axes.transAxes, fontsize=8)
+        axes.set_title(f"{check.name}: {check.status}", fontsize=8,
+                       color=STATUS_COLOURS.get(check.status, "#c62828"))
+    panels[0].set_ylabel("max |run - solo| logprob", fontsize=8)
+    figure.suptitle(f"{results.recipe}: engine states against solo runs on {results.hardware.description}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # HTML
 

@@ -7,6 +7,7 @@ also runs through a proxy without a fault, so a failure in the matrix is the fau
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from cookbook.checks import CHECKS, CheckContext, run_checks, selected_checks
 from cookbook.checks.basic import KNOWN_ANSWERS, Reply, _grade
 from cookbook.checks.registry import RunStart
-from cookbook.checks.sampling import prompt_logprobs_problem
+from cookbook.checks.sampling import prompt_logprobs_problem, seed_probe, unseeded_agreement_chance
 from cookbook.checks.tools import assemble_streamed_call, call_problem
 from cookbook.errors import CookbookError
 from cookbook.endpoint import Endpoint
@@ -164,6 +165,28 @@ def test_prompt_logprobs_shape() -> None:
     short = {k: v for k, v in entry(1).items() if k != "5"}
     assert "4 entries" in str(prompt_logprobs_problem(_reply(prompt_logprobs=[None, short], usage={"prompt_tokens": 2})))
     assert "no prompt_logprobs" in str(prompt_logprobs_problem(_reply(usage={"prompt_tokens": 2})))
+
+
+
+def _sampled(tokens: str, probs: list[list[float]]) -> Reply:
+    content = [{"token": t, "logprob": math.log(p[0]), "top_logprobs": [{"token": "x", "logprob": math.log(q)} for q in p]}
+               for t, p in zip(tokens, probs)]
+    return _reply(choices=[{"message": {"content": tokens}, "logprobs": {"content": content}, "finish_reason": "length"}])
+
+
+def test_a_same_seed_pair_may_part_only_after_the_seed_demonstrably_held() -> None:
+    """Late: 12 shared tokens at sum p^2 = 0.5 each (chance 2.4e-4) is past what unseeded samples share. Early: a
+    pair parting after 3 such tokens (chance 0.125) is what a server ignoring the seed gives, and fails."""
+    flat = [[0.5, 0.5]]
+    probe = seed_probe(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    late = probe.verify([_sampled("abcdefghijklmn", flat * 14), _sampled("abcdefghijklXY", flat * 14), _sampled("zz", flat * 2)])
+    assert late is None and probe.details["parted_at_token"] == 12
+    assert "not the seed" in probe.details["note"]
+    early = seed_probe(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    problem = early.verify([_sampled("abcdefgh", flat * 8), _sampled("abcXYZWV", flat * 8), _sampled("zz", flat * 2)])
+    assert problem is not None and "same seed gave different text from token 3" in problem.note
+    assert unseeded_agreement_chance([]) == 1.0
+    assert unseeded_agreement_chance([{"top_logprobs": [{"logprob": math.log(0.6)}]}]) == pytest.approx(0.36 + 0.4 * 0.6)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -237,11 +237,13 @@ def test_verify_launch_starts_with_the_overrides_and_stops(
 
     monkeypatch.setattr(verify, "Server", Launched)
     out = tmp_path / "results.json"
-    args = argparse.Namespace(
-        checks="chunked-prompt-logprobs", json=out, hardware=None, timeout=120.0, param=["chunked_prompt_tokens=700"],
-        out_dir=None, launch=True, launch_profile="engine-states", launch_override=["max-num-batched-tokens=512"],
-        base_url=None, recipe=cpu_recipe.id, model=None,
-    )
+    parser = argparse.ArgumentParser()
+    verify.add_parser(parser.add_subparsers())
+    args = parser.parse_args([
+        "verify", "--launch", "--recipe", cpu_recipe.id, "--checks", "chunked-prompt-logprobs", "--json", str(out),
+        "--timeout", "120", "--param", "chunked_prompt_tokens=700", "--launch-profile", "engine-states",
+        "--launch-override", "max-num-batched-tokens=512",
+    ])
     assert verify.run(args) == 0
     assert seen == {"flags": {"num-gpu-blocks-override": 17, "max-model-len": 2048, "max-num-batched-tokens": 512},
                     "stopped": True}

@@ -36,9 +36,11 @@ def test_session_server_is_healthy_with_a_kv_pool(cpu_launch) -> None:
 
 
 def test_one_chat_request_gets_a_correct_answer(cpu_server: Endpoint) -> None:
+    """The known-answer check's prompt: the bare question's greedy first token is a near-tie for this model
+    ('L' -1.83 against 'The' -1.96 in bf16 on a 2-vCPU AMX box, which then answers "L'Étoile"); this one leads by 1.5."""
     reply = cpu_server.openai().chat.completions.create(
         model=cpu_server.model,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
         temperature=0,
         max_tokens=20,
     )
@@ -66,7 +68,7 @@ def test_secret_in_the_environment_never_reaches_the_log(tmp_path: Path, monkeyp
     with pytest.raises(LaunchError) as info:
         server.start()
     text = (tmp_path / "server.log").read_text()
-    assert "--api-key ***" in text
+    assert "--api-key '***'" in text  # shell-quoted: the logged command is copyable and `***` would glob
     assert secret not in text
     assert all(secret not in line for line in info.value.log_tail)
 
