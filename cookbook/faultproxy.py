@@ -26,8 +26,10 @@ fault is for: `name`, `catches` (the checks that must fail under it) and `sympto
 failing check's result or evidence matches).
 
 A fault that keeps state (counters, a partner request) sets it up in `reset()`, which `fresh()` calls on a copy.
-`FAULTS` names one instance per fault; `make_fault(name)` (or `FaultProxy(url, name)`) gives a fresh copy, so every
-proxy starts clean. `Chain(a, b)` applies several in order, e.g. an adapter plus a fault.
+`FAULTS` names one instance per fault and is read-only (a test cannot change what the next test sees);
+`make_fault(name)` (or `FaultProxy(url, name)`) gives a fresh copy, so every proxy starts clean. A caller that wants
+other families by name too builds its own table with `fault_table(LONG_CONTEXT_FAULTS, ...)` and passes it to
+`make_fault(name, table)`. `Chain(a, b)` applies several in order, e.g. an adapter plus a fault.
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Callable
 
 import httpx
@@ -397,7 +401,7 @@ class ForceToolChoice(Fault):
         return None
 
 
-FAULTS: dict[str, Fault] = {
+FAULTS: Mapping[str, Fault] = MappingProxyType({
     f.name: f
     for f in (
         WrongAnswers(),
@@ -417,14 +421,26 @@ FAULTS: dict[str, Fault] = {
         Restart(),
         KillAfter(),
     )
-}
+})
 
 
-def make_fault(name: str) -> Fault:
-    """A fresh instance of the named fault (its own state)."""
-    if name not in FAULTS:
-        raise CookbookError(f"unknown fault {name!r} (known: {', '.join(FAULTS)})")
-    return FAULTS[name].fresh()
+def fault_table(*families: Mapping[str, Fault]) -> dict[str, Fault]:
+    """A new table of the core faults plus `families` (e.g. `faults_longctx.LONG_CONTEXT_FAULTS`), the caller's own:
+    the shared `FAULTS` never changes, so no test or run can leak a registration into another."""
+    table = dict(FAULTS)
+    for family in families:
+        for name, fault in family.items():
+            if table.get(name, fault) is not fault:
+                raise CookbookError(f"fault {name!r} is defined twice")
+            table[name] = fault
+    return table
+
+
+def make_fault(name: str, table: Mapping[str, Fault] = FAULTS) -> Fault:
+    """A fresh instance of the named fault (its own state), looked up in `table` (the core faults by default)."""
+    if name not in table:
+        raise CookbookError(f"unknown fault {name!r} (known: {', '.join(table)})")
+    return table[name].fresh()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 They imitate what a broken prefix cache or long-context path does on a real server: a hit that resumes from the
 wrong state (different text, shifted logprobs), a cache that reports what it did not do (cached tokens off the
 block grid, cached tokens on a cold request, a `cache_salt` that isolates nothing), and an answer that loses the needle past some depth or length.
-Pass an instance to `FaultProxy(url, fault)`. `register()` adds them to `cookbook.faultproxy.FAULTS` by name; it
-is not done on import, because the fault matrix of tests/test_checks.py runs every registered fault at the
-recipe's full lengths, which for these probes takes minutes on the CPU server (their tests use short lengths).
+Pass an instance to `FaultProxy(url, fault)`; to name them, build a table of your own with
+`fault_table(LONG_CONTEXT_FAULTS)`. They are not in `cookbook.faultproxy.FAULTS`, because the fault matrix of
+tests/test_checks.py runs every fault there at the recipe's full lengths, which for these probes takes minutes on
+the CPU server (their tests use short lengths).
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import re
 import threading
 from typing import Any, Callable
 
-from .faultproxy import FAULTS, Exchange, Fault, choices
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from .faultproxy import Exchange, Fault, choices
 
 
 def _usage_details(body: Any) -> dict[str, Any] | None:
@@ -179,15 +183,10 @@ class NeedleLostBeyond(Fault):
         return body
 
 
-LONG_CONTEXT_FAULTS: dict[str, Fault] = {
+LONG_CONTEXT_FAULTS: Mapping[str, Fault] = MappingProxyType({
     f.name: f
     for f in (
         HitDifferentText(), HitShiftedLogprobs(), CachedOffBlock(), CachedOnCold(), IgnoreCacheSalt(),
         NeedleLostBeyond(),
     )
-}
-
-
-def register() -> None:
-    """Make the faults above known to `FaultProxy(url, name)` and `make_fault(name)`."""
-    FAULTS.update(LONG_CONTEXT_FAULTS)
+})

@@ -3,14 +3,18 @@
 They imitate what a wrong RoPE base, a wrong window or a mis-scaled layer does to a real server: logprobs moved on
 some prompt positions (from a position on, as state past a window would), and a greedy step that picks a token the
 model ranks clearly lower. Text stays fluent, the server stays healthy, and every self-comparison still passes.
-`register()` adds them to `cookbook.faultproxy.FAULTS`; it is not done on import, because the fault matrix of
-tests/test_checks.py runs every registered fault against the whole selection (the oracle's tests run them).
+To name them, build a table of your own with `fault_table(ORACLE_FAULTS)`. They are not in
+`cookbook.faultproxy.FAULTS`, because the fault matrix of tests/test_checks.py runs every fault there against the
+whole selection (the oracle's tests run them).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .faultproxy import FAULTS, Exchange, Fault, choices
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from .faultproxy import Exchange, Fault, choices
 
 
 def _is_completion(ex: Exchange) -> bool:
@@ -69,9 +73,4 @@ class SwappedGreedyToken(Fault):
         return body
 
 
-ORACLE_FAULTS: dict[str, Fault] = {f.name: f for f in (ShiftedPromptLogprobs(), SwappedGreedyToken())}
-
-
-def register() -> None:
-    """Make the faults above known to `FaultProxy(url, name)` and `make_fault(name)`."""
-    FAULTS.update(ORACLE_FAULTS)
+ORACLE_FAULTS: Mapping[str, Fault] = MappingProxyType({f.name: f for f in (ShiftedPromptLogprobs(), SwappedGreedyToken())})

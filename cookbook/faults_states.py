@@ -8,15 +8,19 @@ They imitate what the v0.26.0 fixes of this class repair, on the traffic only:
 - `shift-prompt-logprobs`: prompt logprobs past a position (a chunk boundary) come from the next position, as when
   a chunked prefill's logits rows are gathered with an off-by-one (`prompt-logprobs`).
 
-Pass an instance to `FaultProxy(url, fault)`. `register()` adds them to `cookbook.faultproxy.FAULTS` by name; it is
-not done on import, because the fault matrix of tests/test_checks.py runs every registered fault against the
-session's server, where the preemption probe is (rightly) inconclusive.
+Pass an instance to `FaultProxy(url, fault)`; to name them, build a table of your own with
+`fault_table(STATE_FAULTS_BY_NAME)`. They are not in `cookbook.faultproxy.FAULTS`, because the fault matrix of
+tests/test_checks.py runs every fault there against the session's server, where the preemption probe is (rightly)
+inconclusive.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .faultproxy import FAULTS, Exchange, Fault, choices
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from .faultproxy import Exchange, Fault, choices
 
 
 def _token_number(token: Any) -> int | None:
@@ -108,9 +112,4 @@ class ShiftPromptLogprobs(Fault):
 
 
 STATE_FAULTS: tuple[Fault, ...] = (CorruptInFlight(), RepeatTail(), ShiftPromptLogprobs())
-
-
-def register() -> None:
-    """Make the faults known by name to `cookbook.faultproxy.make_fault` / `FaultProxy(url, name)`."""
-    for fault in STATE_FAULTS:
-        FAULTS.setdefault(fault.name, fault)
+STATE_FAULTS_BY_NAME: Mapping[str, Fault] = MappingProxyType({f.name: f for f in STATE_FAULTS})

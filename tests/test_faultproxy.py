@@ -30,6 +30,7 @@ from cookbook.faultproxy import (
     KillAfter,
     Reply,
     _corrupt,
+    fault_table,
     make_fault,
 )
 from cookbook.launch import free_port
@@ -226,6 +227,30 @@ def test_registry_names_and_fresh_state() -> None:
     assert second.metrics_seen == 0  # type: ignore[attr-defined]
     with pytest.raises(CookbookError, match="unknown fault"):
         make_fault("no-such-fault")
+
+
+def test_the_shared_table_is_read_only_and_each_caller_builds_its_own() -> None:
+    """No test can register a fault into the table the next test (or the fault matrix) reads."""
+    from cookbook.faults_longctx import LONG_CONTEXT_FAULTS
+    from cookbook.faults_oracle import ORACLE_FAULTS
+    from cookbook.faults_states import STATE_FAULTS_BY_NAME
+
+    names = list(FAULTS)
+    for family in (FAULTS, LONG_CONTEXT_FAULTS, ORACLE_FAULTS, STATE_FAULTS_BY_NAME):
+        with pytest.raises(TypeError):
+            family["planted"] = Fault()  # type: ignore[index]
+        with pytest.raises(AttributeError):
+            family.clear()  # type: ignore[attr-defined]
+    mine, theirs = fault_table(LONG_CONTEXT_FAULTS), fault_table(LONG_CONTEXT_FAULTS)
+    assert mine == theirs and mine is not theirs
+    mine["planted"] = Fault()
+    assert "planted" not in theirs and "planted" not in FAULTS and list(FAULTS) == names
+    assert set(LONG_CONTEXT_FAULTS) <= set(mine) and not set(LONG_CONTEXT_FAULTS) & set(FAULTS)
+    assert type(make_fault("needle-lost-beyond", mine)) is type(LONG_CONTEXT_FAULTS["needle-lost-beyond"])
+    with pytest.raises(CookbookError, match="unknown fault 'needle-lost-beyond'"):
+        make_fault("needle-lost-beyond")  # the shared table never learned it
+    with pytest.raises(CookbookError, match="'restart' is defined twice"):
+        fault_table({"restart": make_fault("restart")})
 
 
 @pytest.mark.integration

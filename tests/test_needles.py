@@ -162,17 +162,13 @@ def test_the_needle_fault_finds_the_needle_depth_in_a_request() -> None:
     assert needle_depth("no document here") is None
 
 
-def test_long_context_faults_register_by_name() -> None:
-    from cookbook.faultproxy import FAULTS, make_fault
-    from cookbook.faults_longctx import LONG_CONTEXT_FAULTS, register
+def test_long_context_faults_are_made_by_name_from_a_table_of_ones_own() -> None:
+    from cookbook.faultproxy import FAULTS, fault_table, make_fault
+    from cookbook.faults_longctx import LONG_CONTEXT_FAULTS
 
-    before = dict(FAULTS)
-    try:
-        register()
-        for name, fault in LONG_CONTEXT_FAULTS.items():
-            made = make_fault(name)
-            assert type(made) is type(fault) and made is not fault
-            assert set(made.catches) <= {"prefix-cache", "needles"} and made.symptom
-    finally:
-        FAULTS.clear()
-        FAULTS.update(before)
+    table = fault_table(LONG_CONTEXT_FAULTS)  # a fresh dict: the shared FAULTS stays as it was
+    for name, fault in LONG_CONTEXT_FAULTS.items():
+        made = make_fault(name, table)
+        assert type(made) is type(fault) and made is not fault
+        assert set(made.catches) <= {"prefix-cache", "needles"} and made.symptom
+        assert name not in FAULTS
