@@ -1,10 +1,12 @@
 """The notebooks: committed without outputs, each with a `parameters` cell of CI-safe defaults, and executed headless
 with papermill against the session's real CPU server, asserting on what they write. One batch runs the whole set
-with a planted failing notebook (that prints a planted secret) in the middle: the rest and the summary survive, and
-no written file holds the secret."""
+with a planted failing notebook (that prints a planted secret) in the middle: the rest and the summary survive, the
+kernel demonstrably held the secret, and no written file, progress line or log record holds it."""
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +34,26 @@ SMALL = {
     "LONG_DEPTHS": [0.5],
     "SWEEP_LEVELS": [1, 2],
 }
-LEAKS = '''import os
+PLANTED_API = PLANTED + "-api"
+# Its first line proves the kernel held both planted values (their digests, never the values), then it leaks one.
+LEAKS = '''import hashlib, os
+print(*(f"{k} sha256 {hashlib.sha256(os.environ[k].encode()).hexdigest()}" for k in ("HF_TOKEN", "OPENAI_API_KEY")))
 raise RuntimeError("planted failure with " + os.environ["HF_TOKEN"])'''
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+class _Records(logging.Handler):
+    """Every log record emitted in this process while the batch runs, formatted as a log file would hold it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(logging.Formatter("%(name)s %(levelname)s %(message)s").format(record))
 
 
 def parameters_cell(book: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -63,7 +83,15 @@ def test_committed_without_outputs_and_with_ci_safe_parameters(path: Path) -> No
 
 
 @pytest.fixture(scope="module")
-def batch_run(cpu_server: Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[batch.BatchSummary, Path]]:
+def batch_said() -> list[str]:
+    """What the batch printed (its progress lines) and logged while it ran: filled by `batch_run`."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def batch_run(
+    cpu_server: Endpoint, tmp_path_factory: pytest.TempPathFactory, batch_said: list[str]
+) -> Iterator[tuple[batch.BatchSummary, Path]]:
     """The whole notebook set against the real server, a leaking, failing notebook planted third."""
     books = tmp_path_factory.mktemp("books")
     failing = nbformat.v4.new_notebook()
@@ -72,10 +100,19 @@ def batch_run(cpu_server: Endpoint, tmp_path_factory: pytest.TempPathFactory) ->
     nbformat.write(failing, str(books / "02b_planted_failure.ipynb"))
     sources: list[str | Path] = [*batch.BATCH_NOTEBOOKS[:2], books / "02b_planted_failure.ipynb", *batch.BATCH_NOTEBOOKS[2:]]
     run_dir = tmp_path_factory.mktemp("run")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("HF_TOKEN", PLANTED)
-        env.setenv("OPENAI_API_KEY", PLANTED + "-api")
-        summary = batch.run_batch(load_recipe(CPU), cpu_server.base_url, run_dir, sources, SMALL, say=lambda _l: None)
+    records, root = _Records(), logging.getLogger()
+    level = root.level
+    root.addHandler(records)
+    root.setLevel(logging.DEBUG)
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("HF_TOKEN", PLANTED)
+            env.setenv("OPENAI_API_KEY", PLANTED_API)
+            summary = batch.run_batch(load_recipe(CPU), cpu_server.base_url, run_dir, sources, SMALL, say=batch_said.append)
+    finally:
+        root.removeHandler(records)
+        root.setLevel(level)
+    batch_said.extend(records.lines)
     yield summary, run_dir
 
 
@@ -145,17 +182,26 @@ def test_page_and_index_carry_this_runs_tables(batch_run: tuple[batch.BatchSumma
 
 
 @pytest.mark.integration
-def test_no_written_file_holds_a_planted_secret(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+def test_no_written_file_holds_a_planted_secret(batch_run: tuple[batch.BatchSummary, Path], batch_said: list[str]) -> None:
     summary, run_dir = batch_run
+    # The secrets were there: the planted notebook's kernel read both values (it shows their digests) ...
+    [cell] = nbformat.read(str(run_dir / "02b_planted_failure.ipynb"), as_version=4).cells
+    printed = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+    assert printed.split() == ["HF_TOKEN", "sha256", _digest(PLANTED), "OPENAI_API_KEY", "sha256", _digest(PLANTED_API)]
+    # ... and leaked one into its traceback, which the batch masked there (and in the summary) and says so.
+    [error] = [o for o in cell.outputs if o.output_type == "error"]
+    assert (error.ename, error.evalue) == ("RuntimeError", "planted failure with ***")
+    assert "02b_planted_failure.ipynb" in summary.secrets_masked
+    # Yet no trace of either anywhere the run wrote: the run folder, the summary, the progress lines, the log records.
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert len(files) > 15
+    assert len(files) > 15 and {"summary.json", "index.html", "results.json", "02b_planted_failure.html"} <= {p.name for p in files}
     for path in files:
         data = path.read_bytes()
         assert PLANTED.encode() not in data, f"{path} holds the planted secret"
-    # The failing notebook printed it; the batch masked it there and says so.
-    assert "02b_planted_failure.ipynb" in summary.secrets_masked
-    assert "***" in (run_dir / "02b_planted_failure.ipynb").read_text()
-    assert PLANTED not in os.environ.get("HF_TOKEN", "")
+    assert PLANTED not in summary.model_dump_json()
+    assert len(batch_said) >= 2 * len(summary.notebooks), batch_said  # a start and an end line per notebook, at least
+    assert [line for line in batch_said if PLANTED in line] == []
+    assert PLANTED not in os.environ.get("HF_TOKEN", "")  # and the environment was given back
 
 
 @pytest.mark.integration
