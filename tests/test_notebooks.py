@@ -185,7 +185,8 @@ def test_page_and_index_carry_this_runs_tables(batch_run: tuple[batch.BatchSumma
 def test_no_written_file_holds_a_planted_secret(batch_run: tuple[batch.BatchSummary, Path], batch_said: list[str]) -> None:
     summary, run_dir = batch_run
     # The secrets were there: the planted notebook's kernel read both values (it shows their digests) ...
-    [cell] = nbformat.read(str(run_dir / "02b_planted_failure.ipynb"), as_version=4).cells
+    executed = nbformat.read(str(run_dir / "02b_planted_failure.ipynb"), as_version=4)
+    [cell] = [c for c in executed.cells if c.source == LEAKS]  # papermill put its parameters cell before it
     printed = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
     assert printed.split() == ["HF_TOKEN", "sha256", _digest(PLANTED), "OPENAI_API_KEY", "sha256", _digest(PLANTED_API)]
     # ... and leaked one into its traceback, which the batch masked there (and in the summary) and says so.
