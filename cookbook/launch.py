@@ -154,6 +154,7 @@ class Server:
         self.say = say
         self.process: subprocess.Popen[bytes] | None = None
         self.ready: Ready | None = None
+        self.killed_on_stop = False  # the last stop() found processes still running after SIGTERM's grace: SIGKILL
         self._tail: collections.deque[str] = collections.deque(maxlen=400)
         self._reader: threading.Thread | None = None
         self._secrets: list[str] = []
@@ -250,6 +251,7 @@ class Server:
                     pass
             else:
                 time.sleep(0.2)
+        self.killed_on_stop = bool(session_pids(sid))
         self._signal_session(sid, signal.SIGKILL)
         end = time.monotonic() + 5
         while session_pids(sid) and time.monotonic() < end:
@@ -429,7 +431,8 @@ def serve_foreground(server: Server, say: Say = print) -> int:
             stop_requested.wait(0.5)
         say("stopping the server")
         server.stop()
-        say("stopped")
+        grace = STOP_TIMEOUT_S - 5
+        say(f"stopped (SIGKILL: processes left {grace:g} s after SIGTERM)" if server.killed_on_stop else "stopped")
         return 0
     finally:
         for sig, handler in previous.items():

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,12 +48,13 @@ def test_one_chat_request_gets_a_correct_answer(cpu_server: Endpoint) -> None:
 
 def test_bad_flag_fails_start_up_with_the_log_tail(tmp_path: Path) -> None:
     recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
-    server = Server(recipe, port=free_port(), run_dir=tmp_path, extra_flags={"no-such-flag": "1"}, say=lambda _l: None)
-    started = time.monotonic()
+    # The launcher's own deadline: had it not seen the exit at once, it would report "did not answer /health".
+    server = Server(recipe, port=free_port(), run_dir=tmp_path, startup_timeout_s=120, extra_flags={"no-such-flag": "1"},
+                    say=lambda _l: None)
     with pytest.raises(LaunchError) as info:
         server.start()
-    assert "exited during start-up" in str(info.value)
-    assert time.monotonic() - started < 120
+    assert "exited during start-up (exit " in str(info.value) and "(exit 0)" not in str(info.value)
+    assert "did not answer /health" not in str(info.value)
     assert 0 < len(info.value.log_tail) <= 20
     assert any("no-such-flag" in line for line in info.value.log_tail)
     assert server.process is None
@@ -74,7 +74,8 @@ def test_secret_in_the_environment_never_reaches_the_log(tmp_path: Path, monkeyp
 
 
 def test_cookbook_serve_stops_on_sigint_without_orphans(tmp_path: Path) -> None:
-    """The foreground command: one ready line, then SIGINT stops the whole process tree within 30 s."""
+    """The foreground command: one ready line, then SIGINT stops the whole process tree within the launcher's stop
+    deadline, by SIGTERM alone (it says when it had to SIGKILL what was left after the grace)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -101,11 +102,9 @@ def test_cookbook_serve_stops_on_sigint_without_orphans(tmp_path: Path) -> None:
     assert server_pids, "the server's processes should be visible before stopping"
     sids = {os.getsid(p) for p in server_pids}
     proc.send_signal(signal.SIGINT)
-    started = time.monotonic()
-    rest = proc.communicate(timeout=40)[0]
+    rest = proc.communicate(timeout=40)[0]  # a guard against a hang: the launcher bounds the stop itself
     assert proc.returncode == 0, rest
-    assert time.monotonic() - started < 30
-    assert "stopped" in rest
+    assert "stopped" in rest.splitlines() and "SIGKILL" not in rest, rest  # not "stopped (SIGKILL: ...)"
     for sid in sids:
         assert session_pids(sid) == []
 
