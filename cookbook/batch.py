@@ -29,7 +29,7 @@ from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
 from .results import (
     CheckResult, Evidence, Hardware, RunResults, check_output_path, now, read_results, run_hardware, write_results,
 )
-from .secrets import current_secrets, scrub, strip_url_credentials
+from .secrets import current_secrets, scrub, scrubbed_logs, strip_url_credentials
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as MplFigure
@@ -353,11 +353,12 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
     status: Literal["ok", "failed"] = "ok"
     error = ""
     try:
-        pm.execute_notebook(
-            str(source), str(executed), parameters=parameters, kernel_name="python3", language="python",
-            progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
-            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise here
-        )
+        with scrubbed_logs("papermill", "nbclient", "traitlets"):  # at DEBUG papermill logs every kernel message
+            pm.execute_notebook(
+                str(source), str(executed), parameters=parameters, kernel_name="python3", language="python",
+                progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
+                extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise
+            )
     except pm.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
     except Exception as exc:  # the kernel died, a timeout, a malformed notebook: still one failed notebook

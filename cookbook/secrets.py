@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -164,6 +167,28 @@ class ScrubbingStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class ScrubbingFilter(logging.Filter):
+    """Masks secrets in a log record's message before any handler formats it (papermill logs every kernel message,
+    a traceback that printed a token included, at DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrub(record.getMessage()), None
+        return True
+
+
+@contextmanager
+def scrubbed_logs(*names: str) -> Iterator[None]:
+    """For the duration, every record the named loggers emit is scrubbed, whatever level logging runs at."""
+    loggers, scrubber = [logging.getLogger(n) for n in names], ScrubbingFilter()
+    for logger in loggers:
+        logger.addFilter(scrubber)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(scrubber)
 
 
 def masked_env(env: Mapping[str, str]) -> dict[str, str]:
