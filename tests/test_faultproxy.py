@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,15 +34,23 @@ from cookbook.faultproxy import (
 )
 from cookbook.launch import free_port
 
-STREAM_GAP_S = 0.3
+HOLD_S = 10.0  # how long the upstream holds a request for its partner or the client: only ever reached on a failure
 
 
 class _Upstream:
-    """Records every request; /v1/chat/completions answers with the request it saw (streamed: three events,
-    STREAM_GAP_S apart, with a tool call whose arguments come in three fragments)."""
+    """Records every request; /v1/chat/completions answers with the request it saw (streamed: three events, with a
+    tool call whose arguments come in three fragments).
+
+    Two orderings are made by construction, never by sleeping: requests with `"together": true` are held until both
+    are in the server at once (a barrier), and a `"lockstep": true` stream sends each event only once the client has
+    read the one before (`client_read`), so a proxy that buffered the stream could not deliver it (`lockstep` records
+    for each event whether the client had it before the next was sent)."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
+        self.together = threading.Barrier(2, timeout=HOLD_S)
+        self.client_read = threading.Event()
+        self.lockstep: list[bool] = []
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,8 +66,8 @@ class _Upstream:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 upstream.seen.append(body)
-                if body.get("delay"):
-                    time.sleep(body["delay"])
+                if body.get("together"):
+                    upstream.together.wait()  # both requests are in flight at the proxy now
                 if not body.get("stream"):
                     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": body.get("tag", "")}}]}
                     self._send(200, json.dumps(answer).encode(), "application/json")
@@ -72,7 +79,9 @@ class _Upstream:
                     delta = {"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}
                     self.wfile.write(f"data: {json.dumps({'choices': [{'delta': delta}]})}\n\n".encode())
                     self.wfile.flush()
-                    time.sleep(STREAM_GAP_S)
+                    if body.get("lockstep"):
+                        upstream.lockstep.append(upstream.client_read.wait(HOLD_S))
+                        upstream.client_read.clear()
                 self.wfile.write(b"data: [DONE]\n\n")
 
             def _send(self, status: int, payload: bytes, content_type: str) -> None:
@@ -103,14 +112,16 @@ def _chat(proxy: FaultProxy, **body: Any) -> httpx.Response:
     return httpx.post(f"{proxy.base_url}/v1/chat/completions", json={"model": "m", **body}, timeout=10)
 
 
-def _events(proxy: FaultProxy) -> list[tuple[float, str]]:
-    """(seconds since the request, data) of each streamed event, as the client receives them."""
-    started = time.monotonic()
+def _events(proxy: FaultProxy, lockstep: _Upstream | None = None) -> list[str]:
+    """The data of each streamed event, as the client receives them (`lockstep`: telling the upstream each one)."""
     out = []
-    with httpx.stream("POST", f"{proxy.base_url}/v1/chat/completions", json={"stream": True}, timeout=10) as response:
+    body = {"stream": True, "lockstep": lockstep is not None}
+    with httpx.stream("POST", f"{proxy.base_url}/v1/chat/completions", json=body, timeout=3 * HOLD_S) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
-                out.append((time.monotonic() - started, line[6:]))
+                out.append(line[6:])
+                if lockstep is not None:
+                    lockstep.client_read.set()
     return out
 
 
@@ -127,10 +138,9 @@ def test_passes_requests_and_responses_through_unchanged(upstream: _Upstream) ->
 
 def test_streams_event_by_event(upstream: _Upstream) -> None:
     with FaultProxy(upstream.url) as proxy:
-        events = _events(proxy)
-    assert events[-1][1] == "[DONE]"
-    first, last = events[0][0], events[2][0]
-    assert last - first >= 1.5 * STREAM_GAP_S, "the proxy buffered the stream instead of passing events on"
+        events = _events(proxy, lockstep=upstream)
+    assert len(events) == 4 and events[-1] == "[DONE]"
+    assert upstream.lockstep == [True, True, True], "the proxy buffered the stream instead of passing events on"
 
 
 def test_drop_param_rewrites_the_request(upstream: _Upstream) -> None:
@@ -171,7 +181,7 @@ def test_restart_changes_the_start_time_after_the_first_metrics(upstream: _Upstr
 @pytest.mark.parametrize("mode, arguments", [("broken", ': "Paris"}'), ("missing", "")])
 def test_broken_tool_stream_loses_argument_chunks(upstream: _Upstream, mode: str, arguments: str) -> None:
     with FaultProxy(upstream.url, BrokenToolStream(mode)) as proxy:
-        events = [json.loads(data) for _, data in _events(proxy) if data != "[DONE]"]
+        events = [json.loads(data) for data in _events(proxy) if data != "[DONE]"]
     fragments = [e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] for e in events]
     assert "".join(fragments) == arguments
 
@@ -182,14 +192,14 @@ def test_a_chunk_hook_can_drop_events(upstream: _Upstream) -> None:
             return []
 
     with FaultProxy(upstream.url, DropAll()) as proxy:
-        assert [data for _, data in _events(proxy)] == ["[DONE]"]
+        assert _events(proxy) == ["[DONE]"]
 
 
 def test_swap_concurrent_crosses_answers_only_with_others_in_flight(upstream: _Upstream) -> None:
     with FaultProxy(upstream.url, "swap-concurrent") as proxy:
         assert _chat(proxy, tag="alone").json()["choices"][0]["message"]["content"] == "alone"
         with ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(lambda tag: _chat(proxy, tag=tag, delay=1.0).json(), ["a", "b"]))
+            answers = list(pool.map(lambda tag: _chat(proxy, tag=tag, together=True).json(), ["a", "b"]))
     assert [a["choices"][0]["message"]["content"] for a in answers] == ["b", "a"]
 
 
