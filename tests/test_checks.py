@@ -269,7 +269,7 @@ def test_whole_suite_on_the_cpu_server(cpu_server: Endpoint, cpu_recipe: Recipe)
     assert results.check("server-health").result == "healthy, no restarts"  # type: ignore[union-attr]
     assert results.kv_pool_tokens and results.kv_pool_tokens > 0
     assert all(c.duration_s > 0 for c in results.checks)
-    assert results.stopped is None, results.stopped
+    assert results.stopped == "", results.stopped
     assert not any(c.details.get("ran_out_of_deadline") for c in results.checks)
 
 
