@@ -1,6 +1,7 @@
 """cookbook.checks.needles and cookbook.needle_plot: scoring and wording (unit), the grid on SmolLM2 (integration)."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -124,6 +125,7 @@ def test_a_needle_lost_beyond_a_length_fails_the_grid(cpu_server: Endpoint, cpu_
     result = _needles_through(cpu_server, cpu_recipe, NeedleLostBeyond(depth=None, tokens=1500), [800, 2000], [0.5])
     assert result.status == "fail"
     assert result.result == "1/1 at 800, 0/1 at 2K tokens"
+    assert any(re.search(NeedleLostBeyond.symptom, e.note) for e in result.evidence), [e.note for e in result.evidence]
 
 
 @pytest.mark.integration
@@ -149,6 +151,7 @@ def test_cached_tokens_on_a_cold_cell_fail_the_grid(cpu_server: Endpoint, cpu_re
     result = _needles_through(cpu_server, cpu_recipe, CachedOnCold(), [800], [0.5])
     assert result.status == "fail"
     assert result.result == "1/1 at 800 tokens; 1 cell not cold (cached tokens with a fresh cache_salt)"
+    assert any(re.search(CachedOnCold.symptom, e.note) for e in result.evidence), [e.note for e in result.evidence]
 
 
 def test_the_needle_fault_finds_the_needle_depth_in_a_request() -> None:
