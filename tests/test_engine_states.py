@@ -254,6 +254,20 @@ def test_verify_launch_starts_with_the_overrides_and_stops(
         verify.run(argparse.Namespace(**{**vars(args), "recipe": None}))
 
 
+
+def test_the_writer_of_a_salt_is_the_request_the_engine_took_first() -> None:
+    from cookbook.checks.engine_states import _roles_as_scheduled
+
+    sent = ["writer", "hit", "cold", "hit"]
+    groups = [0, 0, 1, 0]
+    assert _roles_as_scheduled(sent, groups, [0, 512, 0, 512]) == sent
+    # the API server handed request 2 to the engine first: it wrote, request 1 read what it wrote in that step
+    assert _roles_as_scheduled(sent, groups, [512, 0, 0, 512]) == ["hit", "writer", "cold", "hit"]
+    # every request of the salt read cached blocks: nobody of that salt wrote them, so the writer stays accused
+    assert _roles_as_scheduled(sent, groups, [512, 512, 0, 512]) == sent
+    # none read anything (the engine did not share within the step): roles as sent, the probe says so
+    assert _roles_as_scheduled(sent, groups, [0, 0, 0, 0]) == sent
+
 # -- integration: one extra server with a small KV pool and small prefill chunks -----------------------------------
 
 

@@ -590,6 +590,7 @@ def probe_same_step(
     last_sent = max(r.sent_s for r in runs)
     first = gate.get("first")
     margin = None if first is None else round(first - last_sent, 4)
+    roles = _roles_as_scheduled(roles, groups, [r.cached_tokens for r in runs])
     requests = [
         BurstRequest(name=f"request {i + 1}", role=roles[i], salt_group=groups[i], prompt_tokens=len(prompts[i]),
                      cached_tokens=runs[i].cached_tokens, sent_s=runs[i].sent_s, done_s=runs[i].done_s)
@@ -624,6 +625,20 @@ def probe_same_step(
         elif r.role == "hit" and r.cached_tokens and r.cached_tokens % block:
             evidence.append(Evidence(note=f"{r.name}: {r.cached_tokens} cached tokens is not a multiple of the {block}-token block"))
     return report, evidence
+
+
+def _roles_as_scheduled(roles: list[Literal["writer", "hit", "cold"]], groups: list[int],
+                        cached: list[int | None]) -> list[Literal["writer", "hit", "cold"]]:
+    """The writer of a salt is whichever of its requests the engine took first, which need not be the first sent
+    (the API server may hand a later one to the engine earlier): when exactly one request of the writer's salt read
+    nothing from the cache, it is the writer and the others of that salt are hits. Otherwise the roles stay as sent,
+    so a salt whose every request read cached blocks still shows a writer that read blocks nobody had written."""
+    writer_group = groups[roles.index("writer")]
+    uncached = [i for i, g in enumerate(groups) if g == writer_group and not cached[i]]
+    if len(uncached) != 1:
+        return roles
+    return [role if groups[i] != writer_group else ("writer" if i == uncached[0] else "hit")
+            for i, role in enumerate(roles)]
 
 
 def _steps(gate_tokens: int, layout: EngineLayout) -> str:
