@@ -22,7 +22,7 @@ from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
 from cookbook.faults_oracle import ShiftedPromptLogprobs, SwappedGreedyToken
 from cookbook.faultproxy import Exchange
-from cookbook.recipes import OracleTolerance, load_recipe
+from cookbook.recipes import OracleTolerance, list_recipes, load_recipe
 from cookbook.reference import (
     NO_REFERENCE,
     GoldenReference,
@@ -39,7 +39,8 @@ from cookbook.reference import (
     sliding_windows,
 )
 
-CPU_RECIPES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "cookbook/tiny-qwen3-next"]
+# Every recipe that runs on the CPU image must carry its golden file: derived, so a new CPU recipe cannot be left out.
+CPU_RECIPES = sorted(r.id for r in list_recipes() if r.hardware.kind == "cpu")
 SEEDS = ["Qwen/Qwen3-Coder-Next", "Qwen/Qwen-AgentWorld-35B-A3B", "Qwen/Qwen3.5-122B-A10B-FP8"]
 TOL = DEFAULT_TOLERANCES["bf16"]
 
@@ -228,6 +229,10 @@ def test_a_seed_recipe_without_a_golden_file_is_not_run_never_a_pass(recipe_id: 
         oracle(ctx)
 
 
+def test_the_cpu_recipes_are_found() -> None:
+    assert {"HuggingFaceTB/SmolLM2-135M-Instruct", "cookbook/tiny-qwen3-next", "cookbook/tiny-gemma3"} <= set(CPU_RECIPES)
+
+
 @pytest.mark.parametrize("recipe_id", CPU_RECIPES)
 def test_each_cpu_recipe_has_a_small_golden_file_used_by_default(recipe_id: str) -> None:
     recipe = load_recipe(recipe_id)
@@ -245,6 +250,8 @@ def test_each_cpu_recipe_has_a_small_golden_file_used_by_default(recipe_id: str)
     assert any(len(p.prompt_ids) > 3 * block for p in golden.prompts if p.kind == "blocks")
     long = next(p for p in golden.prompts if p.kind == "long")
     assert len(long.prompt_ids) >= recipe.max_model_len * 0.9
+    for window in golden.data["layout"].get("windows") or []:  # a sliding-window model: a prompt past twice it
+        assert any(p.kind == "window" and len(p.prompt_ids) > 2 * window for p in golden.prompts), window
     ctx = CheckContext(Endpoint("http://127.0.0.1:9", recipe.served_model_name), recipe)
     reference, source = reference_for(ctx)
     assert isinstance(reference, GoldenReference) and source.startswith("golden file")

@@ -63,3 +63,13 @@ def test_prefix_cache_derives_its_prompts_and_passes_on_sliding_windows(
     # No recipe expectation: 'close' within bf16's tolerance; bit-identity is reported either way.
     assert details["logprobs_expected"] == "close" and details["max_logprob_diff_allowed"] == 0.15
     assert "a new `cache_salt` ran cold after every hit" in result.result
+
+
+@pytest.mark.integration
+def test_the_oracle_passes_against_the_recorded_golden_file(sliding_server: Endpoint, sliding_recipe: Recipe) -> None:
+    [result] = run_checks(CheckContext(sliding_server, sliding_recipe), ["oracle"]).checks
+    assert result.status == "pass", (result.result, [e.note for e in result.evidence])
+    details = result.details
+    assert details["source"].startswith("golden file") and details["tolerances_from"] == "the recipe's bf16 tolerances"
+    kinds = {p["kind"] for p in details["prompts"]}
+    assert "window" in kinds  # a prompt past twice the 512-token window, from the recorded layout
