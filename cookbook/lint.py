@@ -1,10 +1,11 @@
 """Lint: the seeds' "What not to do" as rules a machine checks, and rules a recipe declares for itself.
 
-A rule is data (`LintRule`, its schema in `cookbook.lint_rules`): an id, a severity, the reason, where it came from, and conditions (`when`) that all
-hold for a recipe that breaks it. A condition looks at one thing of the recipe: an environment variable, a
-`vllm serve` flag, whether a fix is applied, or a fact of the schema (`model.hybrid`, `hardware.expert_parallel`,
-...). The seeds' rules are `SEED_RULES` below; a recipe adds its own under `lint:` in the same schema. `cookbook
-recipe validate` prints one line per finding and exits non-zero on an error.
+A rule is data (`LintRule`, its schema in `cookbook.lint_rules`): an id, a severity, the reason, where it came
+from, and conditions (`when`) that all hold for a recipe that breaks it. A condition looks at one thing of the
+recipe: an environment variable, a `vllm serve` flag, whether a fix is applied, or a fact of the schema
+(`model.hybrid`, `hardware.expert_parallel`, ...). The seeds' rules are `SEED_RULES` below; a recipe adds its own
+under `lint:` in the same schema. `cookbook recipe validate` prints one line per finding and exits non-zero on an
+error.
 """
 from __future__ import annotations
 
