@@ -33,10 +33,10 @@ import httpx
 
 from .endpoint import Endpoint
 from .errors import CookbookError, ServerDown, ServerError
+from .haystack import sliding_windows
 from .image import ImageEnv
 
 if TYPE_CHECKING:
-    from .checks.registry import CheckContext
     from .recipes import Recipe
 
 FORWARD_SCRIPT = Path(__file__).with_name("_reference_forward.py")
@@ -594,25 +594,6 @@ def checkpoint_config(recipe: "Recipe | None", checkpoint: Path | None = None) -
         return None, f"{config}: {exc}"
 
 
-def sliding_windows(config: dict[str, Any] | None) -> tuple[int, ...]:
-    """Every sliding-window size the config declares: `sliding_window` when some layer slides (`layer_types` with
-    'sliding_attention', `use_sliding_window`, or no layer_types at all), Mistral-style `sliding_window` lists,
-    and the same under `text_config` for multimodal configs."""
-    if not config:
-        return ()
-    windows: set[int] = set()
-    for cfg in (config, config.get("text_config") or {}):
-        value = cfg.get("sliding_window")
-        if value is None or cfg.get("use_sliding_window") is False:
-            continue
-        layer_types = cfg.get("layer_types")
-        if layer_types and not any("sliding" in str(t) for t in layer_types):
-            continue
-        values = value if isinstance(value, list) else [value]
-        windows.update(int(v) for v in values if isinstance(v, (int, float)) and v)
-    return tuple(sorted(windows))
-
-
 def block_size_from_metrics(endpoint: Endpoint) -> int | None:
     """The KV block size the server runs with (vllm:cache_config_info in /metrics), not an assumed one."""
     try:
@@ -648,7 +629,16 @@ def golden_path(recipe: "Recipe") -> Path:
 NO_REFERENCE = "no reference recorded for this image"
 
 
-def reference_for(ctx: "CheckContext") -> tuple[Reference | None, str]:
+class ReferenceRequest(Protocol):
+    """What choosing a reference reads of a check's context (a `cookbook.checks.CheckContext` is one): declared
+    here so that the reference, which the checks use, does not import the checks back."""
+
+    endpoint: Endpoint
+    recipe: "Recipe | None"
+    params: dict[str, Any]
+
+
+def reference_for(ctx: ReferenceRequest) -> tuple[Reference | None, str]:
     """The reference a check compares with, and a sentence saying which (or why there is none).
 
     `ctx.params["reference"]` may force one: "golden", "computed", or a URL (another server). By default: the
@@ -680,7 +670,7 @@ def reference_for(ctx: "CheckContext") -> tuple[Reference | None, str]:
     return ref, ref.source
 
 
-def served_checkpoint(ctx: "CheckContext") -> Path | None:
+def served_checkpoint(ctx: ReferenceRequest) -> Path | None:
     """The checkpoint the server serves, when it is on this machine: `--param reference_checkpoint=PATH`, else a
     CPU recipe's prepared weights."""
     given = ctx.params.get("reference_checkpoint")

@@ -22,6 +22,7 @@ from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
 from cookbook.faults_oracle import ShiftedPromptLogprobs, SwappedGreedyToken
 from cookbook.faultproxy import Exchange
+from cookbook.haystack import sliding_windows
 from cookbook.recipes import OracleTolerance, load_recipe
 from cookbook.reference import (
     NO_REFERENCE,
@@ -36,7 +37,6 @@ from cookbook.reference import (
     judge_divergence,
     recorded_positions,
     reference_for,
-    sliding_windows,
 )
 
 CPU_RECIPES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "cookbook/tiny-qwen3-next"]
