@@ -23,6 +23,8 @@ PARTS_DIR = "parts"
 
 
 class NotebookOutcome(BaseModel):
+    """How one notebook of a batch ended: a failure is recorded here, never raised, so the others still run."""
+
     name: str
     status: Literal["ok", "failed"]
     seconds: float = 0.0
@@ -32,6 +34,8 @@ class NotebookOutcome(BaseModel):
 
 
 class BatchSummary(BaseModel):
+    """`summary.json` of a run folder: what ran, how each notebook ended, the checks not met, the time per phase."""
+
     recipe: str
     run_dir: str = Field("", description="The run folder (absolute)")
     base_url: str | None = None
@@ -79,6 +83,8 @@ class BatchSummary(BaseModel):
 
 
 class SkippedRecipe(BaseModel):
+    """A recipe `cookbook run --all` left out, with why this machine cannot serve it."""
+
     recipe: str
     reason: str
 
