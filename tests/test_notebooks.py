@@ -18,6 +18,7 @@ from cookbook import batch
 from cookbook.endpoint import Endpoint
 from cookbook.recipes import load_recipe
 from cookbook.results import read_results
+from cookbook.run_folder import BatchSummary
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
