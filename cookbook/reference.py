@@ -33,7 +33,7 @@ import httpx
 
 from .endpoint import Endpoint
 from .errors import CookbookError, ServerDown, ServerError
-from .haystack import sliding_windows
+from .haystack import filler_text, new_salt, server_max_model_len, sliding_windows
 from .image import ImageEnv
 
 if TYPE_CHECKING:
@@ -508,8 +508,6 @@ def _token_id(key: str) -> int:
 def completions_body(endpoint: Endpoint, prompt_ids: list[int], max_new_tokens: int, top_k: int) -> dict[str, Any]:
     """Raw token ids in, so that served and reference see identical ids (no chat template in between); a fresh
     cache_salt, so every prompt is computed cold (a hit's numerics are the prefix-cache probe's business)."""
-    from .haystack import new_salt
-
     return {
         "model": endpoint.model,
         "prompt": list(prompt_ids),
@@ -707,8 +705,6 @@ class OraclePrompt:
 
 
 def _filler_ids(tokenize: Callable[[str], list[int]], tokens: int) -> list[int]:
-    from .haystack import filler_text
-
     sentences = max(16, tokens // 8)
     ids = tokenize(filler_text(FILLER_SEED, sentences))
     while len(ids) < tokens:
@@ -893,8 +889,6 @@ def checkpoint_facts(folder: Path) -> dict[str, Any]:
 def record_layout(recipe: "Recipe", endpoint: Endpoint | None) -> Layout:
     """Layout facts for recording: the server's block size and context when a server is given, else the recipe's;
     windows from the checkpoint's config.json."""
-    from .haystack import server_max_model_len
-
     config, config_from = checkpoint_config(recipe)
     block, block_from = None, ""
     max_len = recipe.max_model_len
