@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from .checks.registry import RunStart, snapshot_server
+from .checks import CHECKS, RunStart, selected_checks
+from .checks.registry import snapshot_server
 from .errors import CookbookError
 from .launch import Server, attach, new_run_dir
 from .pages import render_page, write_atomic
-from .recipes import REPO_ROOT, Recipe, list_recipes, load_recipe
+from .recipes import REPO_ROOT, Recipe, list_recipes, load_recipe, render_launch_block
 from .report import mask_secrets, notebook_html, write_index
 from .results import CheckResult, Evidence, RunResults, check_output_path, now, parse_hardware, write_results
 from .run_folder import BatchSummary, NotebookOutcome, SkippedRecipe, merge_parts
@@ -92,8 +93,6 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
     error = scrub(error)  # the summary is printed and shared: never a secret in it
     outcome = NotebookOutcome(name=source.stem, status=status, seconds=round(time.monotonic() - started, 1), error=error)
     if executed.exists():
-        from .report import notebook_html
-
         outcome.notebook = executed.name
         try:
             outcome.html = notebook_html(executed, run_dir / f"{source.stem}.html").name
@@ -105,8 +104,6 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
 def whole_run_health(session: Session, start: RunStart) -> CheckResult:
     """`server-health` over the whole batch: healthy now, and no restart since `start`, the server as the batch
     found it before the first notebook (the verify notebook's own health check only covers that notebook)."""
-    from .checks import CHECKS
-
     spec = CHECKS["server-health"]
     ctx = session.check_context()
     ctx.run_start = start
@@ -135,8 +132,6 @@ def verify_checks(recipe: Recipe, sources: list[Path]) -> list[str] | None:
     """The checks the verify notebook runs in a batch: every check that applies to the recipe (the CLI's default),
     less those another notebook of the same batch runs with its own figure, so no check runs twice. None when the
     batch runs no such notebook (the notebook's own default then holds)."""
-    from .checks import selected_checks
-
     stems = {p.stem for p in sources}
     covered = {name for nb, names in NOTEBOOK_CHECKS.items() if nb in stems for name in names}
     if VERIFY_NOTEBOOK not in stems or not covered:
@@ -155,8 +150,6 @@ def run_batch(
     say: Say = print,
 ) -> BatchSummary:
     """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary."""
-    from .report import mask_secrets, write_index
-
     declared = plan(notebooks, parameters)
     sources = list(declared)
     parse_hardware(hardware)  # a bad --hardware fails before anything runs
@@ -186,8 +179,6 @@ def run_batch(
     if results is not None:
         update: dict[str, Any] = {"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)}
         if launched:
-            from .recipes import render_launch_block
-
             update["launch_block"] = render_launch_block(recipe)
         results = results.model_copy(update=update)
         summary.count_checks(results)
