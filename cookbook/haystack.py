@@ -424,11 +424,28 @@ class ServedModel(BaseModel):
         return f"beyond the served {max(reach):,}-token sliding window"
 
 
-def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
-    """The config's sliding windows (the oracle's reading of transformers configs: `sliding_window` where some layer
-    slides, Mistral-style, Qwen2's `use_sliding_window`, `text_config`) and its `layer_types`."""
-    from .reference import sliding_windows
+def sliding_windows(config: dict[str, Any] | None) -> tuple[int, ...]:
+    """Every sliding-window size the config declares: `sliding_window` when some layer slides (`layer_types` with
+    'sliding_attention', `use_sliding_window`, or no layer_types at all), Mistral-style `sliding_window` lists,
+    and the same under `text_config` for multimodal configs."""
+    if not config:
+        return ()
+    windows: set[int] = set()
+    for cfg in (config, config.get("text_config") or {}):
+        value = cfg.get("sliding_window")
+        if value is None or cfg.get("use_sliding_window") is False:
+            continue
+        layer_types = cfg.get("layer_types")
+        if layer_types and not any("sliding" in str(t) for t in layer_types):
+            continue
+        values = value if isinstance(value, list) else [value]
+        windows.update(int(v) for v in values if isinstance(v, (int, float)) and v)
+    return tuple(sorted(windows))
 
+
+def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
+    """The config's sliding windows (`sliding_windows`: `sliding_window` where some layer slides, Mistral-style,
+    Qwen2's `use_sliding_window`, `text_config`) and its `layer_types`."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     return list(sliding_windows(config)), [str(t) for t in text.get("layer_types") or []]
 

@@ -1,88 +1,21 @@
 """Lint: the seeds' "What not to do" as rules a machine checks, and rules a recipe declares for itself.
 
-A rule is data (`LintRule`): an id, a severity, the reason, where it came from, and conditions (`when`) that all
-hold for a recipe that breaks it. A condition looks at one thing of the recipe: an environment variable, a
-`vllm serve` flag, whether a fix is applied, or a fact of the schema (`model.hybrid`, `hardware.expert_parallel`,
-...). The seeds' rules are `SEED_RULES` below; a recipe adds its own under `lint:` in the same schema. `cookbook
-recipe validate` prints one line per finding and exits non-zero on an error.
+A rule is data (`LintRule`, its schema in `cookbook.lint_rules`): an id, a severity, the reason, where it came
+from, and conditions (`when`) that all hold for a recipe that breaks it. A condition looks at one thing of the
+recipe: an environment variable, a `vllm serve` flag, whether a fix is applied, or a fact of the schema
+(`model.hybrid`, `hardware.expert_parallel`, ...). The seeds' rules are `SEED_RULES` below; a recipe adds its own
+under `lint:` in the same schema. `cookbook recipe validate` prints one line per finding and exits non-zero on an
+error.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from .lint_rules import Condition, LintRule
 
 if TYPE_CHECKING:
     from .recipes import Recipe
-
-Scalar = Union[bool, int, float, str]
-
-# The facts of a recipe a rule may look at (dotted paths into the schema, plus the values read from the flags).
-Fact = Literal[
-    "model.id", "model.architecture", "model.hybrid", "model.experts_total", "model.bytes_per_weight",
-    "hardware.kind", "hardware.cards", "hardware.tensor_parallel", "hardware.expert_parallel",
-    "image.kind", "image.tag", "fixes.profile", "prefix_caching.enabled", "prefix_caching.block_size",
-    "precision.dtype", "max_model_len", "max_num_seqs",
-]
-FACTS: tuple[str, ...] = get_args(Fact)
-
-
-class Condition(BaseModel):
-    """One test of a recipe: exactly one subject (env, flag, fix or fact) and the operators that must all hold."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    env: str | None = Field(None, description="An environment variable of the recipe, e.g. PT_HPU_LAZY_MODE")
-    flag: str | None = Field(None, description="A `vllm serve` flag without dashes; a `false` flag counts as absent")
-    fix: str | None = Field(None, description="A fix id: `applied` says whether the profile and opt-ins apply it")
-    fact: Fact | None = Field(None, description="A fact of the recipe, e.g. model.hybrid or hardware.expert_parallel")
-    present: bool | None = Field(None, description="The env variable or flag is set (true) or not (false)")
-    applied: bool | None = Field(None, description="With fix: the fix is applied (true) or not (false)")
-    equals: Scalar | None = Field(None, description="The value equals this (strings compared case-insensitively)")
-    not_equals: Scalar | None = None
-    one_of: list[Scalar] | None = Field(None, description="The value is one of these")
-    at_least: float | None = Field(None, description="The value is a number >= this")
-    at_most: float | None = Field(None, description="The value is a number <= this")
-
-    @model_validator(mode="after")
-    def _one_subject(self) -> "Condition":
-        subjects = [n for n in ("env", "flag", "fix", "fact") if getattr(self, n) is not None]
-        if len(subjects) != 1:
-            raise ValueError("a condition names exactly one of env, flag, fix, fact")
-        ops = [n for n in ("present", "applied", "equals", "not_equals", "one_of", "at_least", "at_most")
-               if getattr(self, n) is not None]
-        if not ops:
-            raise ValueError("a condition needs an operator: present, applied, equals, not_equals, one_of, at_least, at_most")
-        if (self.applied is not None) != (self.fix is not None) or (self.fix is not None and ops != ["applied"]):
-            raise ValueError("`applied` goes with `fix`, and `fix` takes only `applied`")
-        if self.present is not None and self.fact is not None:
-            raise ValueError("`present` goes with env or flag")
-        return self
-
-    @property
-    def where(self) -> str:
-        """The recipe field the condition reads, for the finding's message."""
-        if self.env is not None:
-            return f"environment.{self.env}"
-        if self.flag is not None:
-            return f"serve.flags.{self.flag}"
-        if self.fix is not None:
-            return "fixes.opt_in"
-        return str(self.fact)
-
-
-class LintRule(BaseModel):
-    """A rule a recipe must keep: broken when every condition of `when` holds."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Short stable name, e.g. no-lazy-mode")
-    severity: Literal["error", "warning"] = Field(description="An error fails `cookbook recipe validate`")
-    reason: str = Field(min_length=1, description="Why, in the words of where the rule came from")
-    source: str = Field("", description="Where the rule came from (a seed page); a recipe's own rule: the recipe")
-    when: list[Condition] = Field(min_length=1, description="All must hold for the recipe to break the rule")
-    field: str | None = Field(None, description="The recipe field to name; default: the last condition's")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .lint import LintRule  # the rule schema only; cookbook.lint imports nothing of this module at load
+from .lint_rules import LintRule
 from .errors import RecipeError
 from .secrets import MASK, SECRET_FLAG_ENV, SECRET_FLAGS, is_secret_name, masked_env, masked_flags
 
@@ -286,7 +286,7 @@ class Recipe(_Strict):
     do_not: list[str] = Field(default_factory=list, description="What not to do")
     verification: Verification = Field(default_factory=Verification)
     lint: list[LintRule] = Field(
-        default_factory=list, description="Rules this recipe declares for itself (cookbook.lint's schema), checked "
+        default_factory=list, description="Rules this recipe declares for itself (cookbook.lint_rules), checked "
         "by `cookbook recipe validate` beside the seeds' rules"
     )
 

@@ -33,10 +33,10 @@ import httpx
 
 from .endpoint import Endpoint
 from .errors import CookbookError, ServerDown, ServerError
+from .haystack import filler_text, new_salt, server_max_model_len, sliding_windows
 from .image import ImageEnv
 
 if TYPE_CHECKING:
-    from .checks.registry import CheckContext
     from .recipes import Recipe
 
 FORWARD_SCRIPT = Path(__file__).with_name("_reference_forward.py")
@@ -508,8 +508,6 @@ def _token_id(key: str) -> int:
 def completions_body(endpoint: Endpoint, prompt_ids: list[int], max_new_tokens: int, top_k: int) -> dict[str, Any]:
     """Raw token ids in, so that served and reference see identical ids (no chat template in between); a fresh
     cache_salt, so every prompt is computed cold (a hit's numerics are the prefix-cache probe's business)."""
-    from .haystack import new_salt
-
     return {
         "model": endpoint.model,
         "prompt": list(prompt_ids),
@@ -594,25 +592,6 @@ def checkpoint_config(recipe: "Recipe | None", checkpoint: Path | None = None) -
         return None, f"{config}: {exc}"
 
 
-def sliding_windows(config: dict[str, Any] | None) -> tuple[int, ...]:
-    """Every sliding-window size the config declares: `sliding_window` when some layer slides (`layer_types` with
-    'sliding_attention', `use_sliding_window`, or no layer_types at all), Mistral-style `sliding_window` lists,
-    and the same under `text_config` for multimodal configs."""
-    if not config:
-        return ()
-    windows: set[int] = set()
-    for cfg in (config, config.get("text_config") or {}):
-        value = cfg.get("sliding_window")
-        if value is None or cfg.get("use_sliding_window") is False:
-            continue
-        layer_types = cfg.get("layer_types")
-        if layer_types and not any("sliding" in str(t) for t in layer_types):
-            continue
-        values = value if isinstance(value, list) else [value]
-        windows.update(int(v) for v in values if isinstance(v, (int, float)) and v)
-    return tuple(sorted(windows))
-
-
 def block_size_from_metrics(endpoint: Endpoint) -> int | None:
     """The KV block size the server runs with (vllm:cache_config_info in /metrics), not an assumed one."""
     try:
@@ -648,7 +627,16 @@ def golden_path(recipe: "Recipe") -> Path:
 NO_REFERENCE = "no reference recorded for this image"
 
 
-def reference_for(ctx: "CheckContext") -> tuple[Reference | None, str]:
+class ReferenceRequest(Protocol):
+    """What choosing a reference reads of a check's context (a `cookbook.checks.CheckContext` is one): declared
+    here so that the reference, which the checks use, does not import the checks back."""
+
+    endpoint: Endpoint
+    recipe: "Recipe | None"
+    params: dict[str, Any]
+
+
+def reference_for(ctx: ReferenceRequest) -> tuple[Reference | None, str]:
     """The reference a check compares with, and a sentence saying which (or why there is none).
 
     `ctx.params["reference"]` may force one: "golden", "computed", or a URL (another server). By default: the
@@ -680,7 +668,7 @@ def reference_for(ctx: "CheckContext") -> tuple[Reference | None, str]:
     return ref, ref.source
 
 
-def served_checkpoint(ctx: "CheckContext") -> Path | None:
+def served_checkpoint(ctx: ReferenceRequest) -> Path | None:
     """The checkpoint the server serves, when it is on this machine: `--param reference_checkpoint=PATH`, else a
     CPU recipe's prepared weights."""
     given = ctx.params.get("reference_checkpoint")
@@ -717,8 +705,6 @@ class OraclePrompt:
 
 
 def _filler_ids(tokenize: Callable[[str], list[int]], tokens: int) -> list[int]:
-    from .haystack import filler_text
-
     sentences = max(16, tokens // 8)
     ids = tokenize(filler_text(FILLER_SEED, sentences))
     while len(ids) < tokens:
@@ -903,8 +889,6 @@ def checkpoint_facts(folder: Path) -> dict[str, Any]:
 def record_layout(recipe: "Recipe", endpoint: Endpoint | None) -> Layout:
     """Layout facts for recording: the server's block size and context when a server is given, else the recipe's;
     windows from the checkpoint's config.json."""
-    from .haystack import server_max_model_len
-
     config, config_from = checkpoint_config(recipe)
     block, block_from = None, ""
     max_len = recipe.max_model_len

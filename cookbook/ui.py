@@ -15,9 +15,10 @@ try:
 except ImportError as exc:  # pragma: no cover - only without the notebook extras
     raise ImportError("cookbook.ui needs ipywidgets (pip install 'gaudi-cookbook[notebook]')") from exc
 
-from . import batch, report
+from . import report
 from .recipes import list_recipes, load_recipe
 from .results import RunResults
+from .session import FixState, Session, facts_frame, fix_state, open_session, required_fixes_frame, server_facts
 
 Tick = Callable[[str], None]
 
@@ -80,12 +81,12 @@ def step_panel(
 
 
 def with_session(
-    run: Callable[[batch.Session, Tick], Any], out_dir: str | None, hardware: str | None
+    run: Callable[[Session, Tick], Any], out_dir: str | None, hardware: str | None
 ) -> Callable[[str, str | None, Tick], Any]:
     """A step that needs a server: attach (or launch, stopped again afterwards) around `run`."""
 
     def step(recipe: str, base_url: str | None, tick: Tick) -> Any:
-        session = batch.open_session(recipe, base_url, out_dir, hardware)
+        session = open_session(recipe, base_url, out_dir, hardware)
         try:
             return run(session, tick)
         finally:
@@ -111,7 +112,7 @@ def checks_panel(
     def chosen() -> list[str] | None:
         return list(chooser.value) or None
 
-    def run(session: batch.Session, tick: Tick) -> RunResults:
+    def run(session: Session, tick: Tick) -> RunResults:
         results = run_checks(session.check_context(), names=chosen(), progress=tick)
         session.write_part(part, results)
         return results
@@ -133,9 +134,9 @@ def verify_panel(recipe: str, base_url: str | None, out_dir: str | None, hardwar
 def launch_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
     """Attach to a server (or launch the recipe's) and show what it says about itself against the recipe."""
 
-    def run(session: batch.Session, tick: Tick) -> Any:
+    def run(session: Session, tick: Tick) -> Any:
         tick("server facts")
-        return batch.facts_frame(batch.server_facts(session))
+        return facts_frame(server_facts(session))
 
     return step_panel("Check server", with_session(run, out_dir, hardware), lambda _r: 1, display, recipe, base_url)
 
@@ -146,11 +147,11 @@ def fixes_panel(recipe: str, apply: bool = False) -> widgets.VBox:
     def step(recipe_id: str, _base_url: str | None, tick: Tick) -> Any:
         chosen = load_recipe(recipe_id)
         tick("required fixes")
-        display(batch.required_fixes_frame(chosen))
+        display(required_fixes_frame(chosen))
         tick("state in the image")
-        return batch.fix_state(chosen, apply=apply)
+        return fix_state(chosen, apply=apply)
 
-    def show(state: batch.FixState) -> None:
+    def show(state: FixState) -> None:
         print(f"apply_all.py exit code {state.exit_code}" + (f": {state.error}" if state.error else ""))
         for row in state.fixes:
             print(f"  {row.get('id', '?'):<28} {row.get('state', '?')}")
@@ -167,7 +168,7 @@ def bench_panel(
     chooser = widgets.SelectMultiple(options=list(bench.WORKLOADS), value=tuple(bench.TABLE), description="Workloads")
     tokens = widgets.BoundedIntText(value=output_tokens, min=1, max=8192, description="Tokens")
 
-    def run(session: batch.Session, tick: Tick) -> RunResults:
+    def run(session: Session, tick: Tick) -> RunResults:
         config = bench.BenchConfig(output_tokens=tokens.value)
         results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware,
                                               list(chooser.value), progress=tick)

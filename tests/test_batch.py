@@ -1,4 +1,4 @@
-"""Batch runs: notebook selection, parameters, merging parts (no server), and a batch in which one notebook fails
+"""Batch runs: notebook selection, parameters, run folders (no server), and a batch in which one notebook fails
 while the others and the summary survive (small synthetic notebooks, real papermill kernels, the real server)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cookbook.cli.run import parse_params
 from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
 from cookbook.recipes import load_recipe
-from cookbook.results import CheckResult, Figure, Hardware, RunResults, read_results, write_results
+from cookbook.results import Hardware, parse_hardware, read_results
 
 CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -63,46 +63,16 @@ def test_parse_params_and_hardware() -> None:
         "CONCURRENCY": 4, "LENGTHS": [1000, 2000], "NAME": "abc"}
     with pytest.raises(CookbookError, match="--param"):
         parse_params(["lower=1"])
-    assert batch.parse_hardware("gaudi2:four Gaudi 2 cards") == Hardware(kind="gaudi2", description="four Gaudi 2 cards")
-    assert batch.parse_hardware(None) is None
+    assert parse_hardware("gaudi2:four Gaudi 2 cards") == Hardware(kind="gaudi2", description="four Gaudi 2 cards")
+    assert parse_hardware(None) is None
     with pytest.raises(CookbookError, match="--hardware"):
-        batch.parse_hardware("gaudi2")
-
-
-def test_merge_parts(tmp_path: Path) -> None:
-    hw = Hardware(kind="cpu", description="c")
-    write_results(RunResults(recipe=CPU, model="m", hardware=hw, kv_pool_tokens=93184, started_at="2026-01-02"),
-                  tmp_path / "parts" / "launch.json")
-    write_results(RunResults(recipe=CPU, model="m", hardware=hw, started_at="2026-01-01",
-                             checks=[CheckResult(name="a", label="A", status="pass", result="1/1")],
-                             artifacts={"verify": "verify.png"}), tmp_path / "parts" / "verify.json")
-    write_results(RunResults(recipe=CPU, model="m", hardware=hw, performance_note="Single runs (measured as: x).",
-                             performance=[Figure(name="single-stream", label="One", result="1 tokens/s")]),
-                  tmp_path / "parts" / "throughput.json")
-    merged = batch.merge_parts(tmp_path, load_recipe(CPU))
-    assert merged is not None
-    assert merged.kv_pool_tokens == 93184 and [c.name for c in merged.checks] == ["a"]
-    assert [f.name for f in merged.performance] == ["single-stream"]
-    assert merged.artifacts == {"verify": "verify.png"} and merged.started_at == "2026-01-01"
-    assert merged.performance_note == "Single runs (measured as: x)."
-    write_results(RunResults(recipe="other", model="m", hardware=hw), tmp_path / "parts" / "zz.json")
-    with pytest.raises(CookbookError, match="zz.json"):
-        batch.merge_parts(tmp_path, load_recipe(CPU))
+        parse_hardware("gaudi2")
 
 
 def test_a_dead_server_fails_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(CookbookError, match="127.0.0.1:9"):
         batch.run_recipe(load_recipe(CPU), "http://127.0.0.1:9", tmp_path / "run")
     assert not (tmp_path / "run").exists()
-
-
-def test_checks_come_in_the_verified_tables_order() -> None:
-    hw = Hardware(kind="cpu", description="c")
-    names = ["needles", "server-health", "prefix-cache", "unknown-thing", "known-answer"]
-    results = RunResults(recipe=CPU, model="m", hardware=hw,
-                         checks=[CheckResult(name=n, label=n, status="pass", result="") for n in names])
-    ordered = [c.name for c in batch.in_table_order(results).checks]
-    assert ordered == ["known-answer", "prefix-cache", "needles", "server-health", "unknown-thing"]
 
 
 def test_prepare_run_dir_refuses_a_folder_with_files(tmp_path: Path) -> None:
@@ -148,14 +118,6 @@ def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(cpu_server:
     assert any("02_broken: failed" in line for line in lines)
 
 
-def test_gaudi_recipes_are_unreachable_here_with_a_reason() -> None:
-    assert batch.unreachable_reason(load_recipe(CPU)) is None
-    reason = batch.unreachable_reason(load_recipe("Qwen/Qwen3-Coder-Next"))
-    assert reason is not None and reason.startswith("needs 4x Gaudi 2 (TP 4) with a vllm-gaudi v0.26.0 image; here:")
-    frame = batch.recipes_frame()
-    assert dict(zip(frame["Recipe"], frame["Served here"]))[CPU] == "yes"
-
-
 def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     from cookbook.cli import main
 
@@ -171,21 +133,6 @@ def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--param: NOPE is not a parameter of the notebooks run (they take: " in capsys.readouterr().err
     assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--notebooks", "nope"]) == 1
     assert "--notebooks: unknown notebook 'nope'" in capsys.readouterr().err
-
-
-def test_session_parts_record_figures_saved_before_and_after(tmp_path: Path) -> None:
-    from matplotlib.figure import Figure as MplFigure
-
-    recipe = load_recipe(CPU)
-    session = batch.Session(recipe, Endpoint("http://127.0.0.1:9", "m"), tmp_path, Hardware(kind="cpu", description="c"))
-    first = MplFigure()
-    first.subplots().plot([0, 1])
-    session.save_figure(first, "before")
-    session.write_part("verify", session.new_results(kv_pool_tokens=5))
-    session.show_figure(first, "after")
-    part = read_results(tmp_path / "parts" / "verify.json")
-    assert part.artifacts == {"before": "before.png", "after": "after.png"} and part.kv_pool_tokens == 5
-    assert (tmp_path / "after.png").stat().st_size > 1000
 
 
 def test_demo_refuses_a_used_out_folder_before_building_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

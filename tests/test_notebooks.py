@@ -18,6 +18,7 @@ from cookbook import batch
 from cookbook.endpoint import Endpoint
 from cookbook.recipes import load_recipe
 from cookbook.results import read_results
+from cookbook.run_folder import BatchSummary
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -91,7 +92,7 @@ def batch_said() -> list[str]:
 @pytest.fixture(scope="module")
 def batch_run(
     cpu_server: Endpoint, tmp_path_factory: pytest.TempPathFactory, batch_said: list[str]
-) -> Iterator[tuple[batch.BatchSummary, Path]]:
+) -> Iterator[tuple[BatchSummary, Path]]:
     """The whole notebook set against the real server, a leaking, failing notebook planted third."""
     books = tmp_path_factory.mktemp("books")
     failing = nbformat.v4.new_notebook()
@@ -117,7 +118,7 @@ def batch_run(
 
 
 @pytest.mark.integration
-def test_one_failing_notebook_the_rest_and_the_summary_survive(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+def test_one_failing_notebook_the_rest_and_the_summary_survive(batch_run: tuple[BatchSummary, Path]) -> None:
     summary, run_dir = batch_run
     statuses = {n.name: n.status for n in summary.notebooks}
     assert statuses.pop("02b_planted_failure") == "failed"
@@ -131,7 +132,7 @@ def test_one_failing_notebook_the_rest_and_the_summary_survive(batch_run: tuple[
 
 
 @pytest.mark.integration
-def test_notebooks_write_their_results(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+def test_notebooks_write_their_results(batch_run: tuple[BatchSummary, Path]) -> None:
     summary, run_dir = batch_run
     parts = {p.stem for p in (run_dir / "parts").glob("*.json")}
     assert parts == {"launch", "verify", "prefix_cache", "needles", "throughput", "engine_states"}
@@ -166,7 +167,7 @@ def test_notebooks_write_their_results(batch_run: tuple[batch.BatchSummary, Path
 
 
 @pytest.mark.integration
-def test_page_and_index_carry_this_runs_tables(batch_run: tuple[batch.BatchSummary, Path]) -> None:
+def test_page_and_index_carry_this_runs_tables(batch_run: tuple[BatchSummary, Path]) -> None:
     _summary, run_dir = batch_run
     page = (run_dir / "page.md").read_text()
     assert "(vLLM CPU build)" in page and "against a server this run attached to" in page
@@ -182,7 +183,7 @@ def test_page_and_index_carry_this_runs_tables(batch_run: tuple[batch.BatchSumma
 
 
 @pytest.mark.integration
-def test_no_written_file_holds_a_planted_secret(batch_run: tuple[batch.BatchSummary, Path], batch_said: list[str]) -> None:
+def test_no_written_file_holds_a_planted_secret(batch_run: tuple[BatchSummary, Path], batch_said: list[str]) -> None:
     summary, run_dir = batch_run
     # The secrets were there: the planted notebook's kernel read both values (it shows their digests) ...
     executed = nbformat.read(str(run_dir / "02b_planted_failure.ipynb"), as_version=4)

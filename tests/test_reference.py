@@ -22,6 +22,7 @@ from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
 from cookbook.faults_oracle import ShiftedPromptLogprobs, SwappedGreedyToken
 from cookbook.faultproxy import Exchange
+from cookbook.haystack import sliding_windows
 from cookbook.recipes import OracleTolerance, list_recipes, load_recipe
 from cookbook.reference import (
     NO_REFERENCE,
@@ -36,7 +37,6 @@ from cookbook.reference import (
     judge_divergence,
     recorded_positions,
     reference_for,
-    sliding_windows,
 )
 
 # Every recipe that runs on the CPU image must carry its golden file: derived, so a new CPU recipe cannot be left out.

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from cookbook import report
-from cookbook.batch import BatchSummary, NotebookOutcome
+from cookbook.run_folder import BatchSummary, NotebookOutcome
 from cookbook.results import CheckResult, Figure, Hardware, RunResults
 
 

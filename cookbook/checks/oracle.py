@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CookbookError, ServerError
-from ..haystack import request_timeout, server_max_model_len
+from ..haystack import request_timeout, server_max_model_len, sliding_windows
 from ..recipes import OracleTolerance
 from ..reference import (
     NO_REFERENCE,
@@ -35,7 +35,6 @@ from ..reference import (
     judge_divergence,
     reference_for,
     served_checkpoint,
-    sliding_windows,
 )
 from ..results import Evidence
 from .registry import CheckContext, CheckFailed, CheckOutcome, CheckSkipped, check

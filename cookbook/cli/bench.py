@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..batch import parse_hardware
+from ..results import parse_hardware
 from ..bench import TABLE, WORKLOADS, BenchConfig, format_report, run_performance_table
 from ..errors import UsageError
 from ..plots import save_run_plots

@@ -8,10 +8,11 @@ from typing import Any
 
 import yaml
 
-from ..batch import BatchSummary, SkippedRecipe, run_all, run_recipe
+from ..batch import run_all, run_recipe
 from ..errors import CookbookError
 from ..recipes import load_recipe
 from ..results import read_results
+from ..run_folder import BatchSummary, SkippedRecipe
 
 _PARAM = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$", re.S)
 
