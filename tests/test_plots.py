@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,7 @@ from cookbook.results import CheckResult, Figure, Hardware, RunResults, read_res
 from cookbook.roofline import hardware_facts, roofline_rows
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cookbook"
+NOTEBOOKS = PACKAGE.parent / "notebooks"
 MAY_IMPORT_MATPLOTLIB = {"plots.py"}  # ui.py draws nothing: its panels show tables
 CPU = Hardware(kind="cpu", description="2 vCPU test box")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -86,6 +88,18 @@ def test_the_scan_catches_a_lazy_import_and_skips_type_checking() -> None:
 
 def test_the_needle_plot_module_is_gone() -> None:
     assert not (PACKAGE / "needle_plot.py").exists()
+
+
+def test_notebooks_draw_through_plots() -> None:
+    """Every figure a notebook shows is drawn by a `plots` function that exists (the notebooks run only in the
+    integration suite, so a renamed function would otherwise go unseen here)."""
+    sources = {p.stem: p.read_text() for p in sorted(NOTEBOOKS.glob("*.ipynb"))}
+    called = {name for text in sources.values() for name in re.findall(r"\bplots\.(\w+)\(", text)}
+    assert {"checks_figure", "prefix_cache_figure", "needles_figure", "engine_states_figure", "throughput_figure",
+            "latency_figure", "roofline_figure"} <= called
+    assert [name for name in sorted(called) if not callable(getattr(plots, name, None))] == []
+    drawers = {stem: set(re.findall(r"\b(\w+)\.\w+_figure\(", text)) - {"plots", "session"} for stem, text in sources.items()}
+    assert {stem: found for stem, found in drawers.items() if found} == {}  # session.show_figure only saves
 
 
 # -- bench figures ---------------------------------------------------------------------------------------------
