@@ -286,7 +286,6 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
     return results
 
 
-
 def verified_table(results: RunResults) -> str:
     """The seeds' Verified table (Check | Result) in Markdown, then the KV pool line. Only a pass shows bare:
     a fail says so, a known limitation shows its measured result with the label."""
