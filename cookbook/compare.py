@@ -1,21 +1,19 @@
-"""Two runs side by side: checks that changed status, performance deltas, regressions beyond a threshold, a figure.
+"""Two runs side by side: checks that changed status, performance deltas, regressions beyond a threshold.
 
 A run is a run folder (its results.json) or a results file, measured or published. Which way is better is read from
 the metric's name: throughput (`..._per_s`) up, times (`seconds...`, `ttft...`, `..._s`, `..._ms`) down; other
 metrics are shown without a verdict. Runs from different hardware are compared, but the comparison says so.
+The comparison's figure is drawn by `cookbook.plots.comparison_figure`.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from .results import ACCEPTED_STATUSES, RunResults, read_results
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure as MplFigure
 
 DEFAULT_THRESHOLD = 0.05
 Direction = Literal["higher", "lower"]
@@ -154,45 +152,3 @@ def format_comparison(comparison: Comparison) -> str:
     lines.append("ok: no regression, no newly failing check" if comparison.ok else
                  f"{len(comparison.regressions)} regressions, {len(comparison.newly_failing)} newly failing checks")
     return "\n".join(lines)
-
-
-def _colour(delta: Delta) -> str:
-    """Red: a regression; amber: worse within the threshold; green: better or equal; grey: no verdict."""
-    if delta.regression:
-        return "#c62828"
-    if delta.better is None or delta.change is None:
-        return "#9e9e9e"
-    worse = delta.change < 0 if delta.better == "higher" else delta.change > 0
-    return "#f9a825" if worse else "#2e7d32"
-
-
-FIGURE_FORMATS = (".png", ".svg", ".pdf")
-
-
-def figure_path(path: Path) -> Path:
-    """Where `--figure PATH` is written: PATH itself with a known image suffix, else PATH.png (said as written)."""
-    path = Path(path)
-    return path if path.suffix.lower() in FIGURE_FORMATS else path.with_name(path.name + ".png")
-
-
-def comparison_figure(comparison: Comparison) -> "MplFigure":
-    """Relative change per figure and metric (B against A), the threshold band shaded."""
-    from matplotlib.figure import Figure
-
-    deltas = [d for d in comparison.deltas if d.change is not None]
-    figure = Figure(figsize=(8, 0.35 * len(deltas) + 1.6))
-    axes = figure.subplots()
-    labels = [f"{d.figure} {d.metric}" for d in deltas]
-    values = [100 * (d.change or 0.0) for d in deltas]
-    colours = [_colour(d) for d in deltas]
-    axes.barh(labels, values, color=colours)
-    axes.axvspan(-100 * comparison.threshold, 100 * comparison.threshold, color="#eeeeee", zorder=0)
-    axes.axvline(0, color="#444444", linewidth=0.8)
-    axes.invert_yaxis()
-    axes.set_xlabel(f"change from A to B (%), red: a regression beyond {comparison.threshold:.0%}")
-    title = f"A: {comparison.hardware_a}\nB: {comparison.hardware_b}"
-    axes.set_title(title, fontsize=8)
-    if not deltas:
-        axes.text(0.5, 0.5, "no performance figure in common", ha="center", va="center", transform=axes.transAxes)
-    figure.tight_layout()
-    return figure

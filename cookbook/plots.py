@@ -1,12 +1,16 @@
-"""Benchmark figures: throughput and latency against concurrency, and the decode roofline.
+"""Every figure the cookbook draws: throughput, latency and the decode roofline of a bench run; the needle grid, the
+prefix-cache hit, time per check and the engine states of a verify run; the comparison of two runs.
 
-Built with matplotlib's object API on the Agg canvas, so they render headless (CI, papermill) and still display in a
-notebook when returned. Each builder returns the figure; `save` writes it as PNG.
+The one module that imports matplotlib. Checks and benchmarks return data (results and their details); the figures
+are drawn here from that data, so a figure always shows what the results file says. Each builder returns a Figure
+on matplotlib's object API with the Agg canvas (no pyplot: it renders headless in CI and papermill and never touches
+a notebook's or the CLI's backend); the caller saves it (`save`), the CLI into its output folder and a notebook
+beside the executed notebook.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .recipes import Recipe
 from .roofline import HardwareFacts, RooflineRow, all_weight_bytes, bytes_per_step
@@ -15,18 +19,48 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from .results import RunResults
+    from .checks.needles import NeedleGrid
+    from .compare import Comparison, Delta
+    from .results import CheckResult, RunResults
 
 _PERCENTILES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+FIGURE_FORMATS = (".png", ".svg", ".pdf")
+# Check status -> bar colour: green pass, amber known limitation, grey skipped, blue inconclusive, red otherwise.
+STATUS_COLOURS = {"pass": "#2e7d32", "known limitation": "#f9a825", "skipped": "#9e9e9e", "inconclusive": "#6a8caf"}
+# Engine-state request verdict -> bar colour: green identical, amber a near-tie flip, red otherwise.
+VERDICT_COLOURS = {"identical": "#2e7d32", "tie": "#f9a825"}
+FAILED_COLOUR = "#c62828"
 
 
-def _new_figure(width: float = 7.0, height: float = 4.2) -> "Figure":
+def _new_figure(width: float = 7.0, height: float = 4.2, dpi: float | None = None) -> "Figure":
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height))
+    figure = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(figure)
     return figure
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Saving
+
+
+def figure_path(path: Path) -> Path:
+    """PATH itself when it has a known image suffix (png, svg, pdf), else PATH.png: the file `save` writes."""
+    path = Path(path)
+    return path if path.suffix.lower() in FIGURE_FORMATS else path.with_name(path.name + ".png")
+
+
+def save(figure: "Figure", path: Path) -> Path:
+    """Write the figure (its format from the suffix), creating its folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bench runs
 
 
 def _levels_axis(axes: object, levels: list[int]) -> None:
@@ -114,13 +148,6 @@ def roofline_figure(rows: list[RooflineRow], recipe: Recipe, facts: HardwareFact
     return figure
 
 
-def save(figure: "Figure", path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    return path
-
-
 def plot_sweep(frame: "pd.DataFrame", out_dir: Path, title: str = "") -> dict[str, Path]:
     """throughput.png and latency.png of a sweep into `out_dir`; returns {name: path}."""
     out_dir = Path(out_dir)
@@ -147,3 +174,202 @@ def save_run_plots(results: "RunResults", recipe: Recipe | None, out_dir: Path) 
             facts = hardware_facts(results.hardware, recipe)
             paths["roofline"] = save(roofline_figure(rows, recipe, facts), Path(out_dir) / "roofline.png")
     return paths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Verify runs: drawn from the checks' results (their details), never by the checks themselves
+
+
+def checks_figure(results: "RunResults") -> "Figure":
+    """Time per check, coloured by status (green pass, amber known limitation, grey skipped, blue inconclusive, red otherwise)."""
+    checks = list(reversed(results.checks))
+    figure = _new_figure(7, 0.35 * len(checks) + 1.2)
+    axes = figure.subplots()
+    axes.barh([c.name for c in checks], [c.duration_s for c in checks],
+              color=[STATUS_COLOURS.get(c.status, FAILED_COLOUR) for c in checks])
+    axes.set_xlabel("seconds")
+    axes.set_title(f"{results.recipe}: checks on {results.hardware.description}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def _cached_on_hit(cached_tokens: list[Any]) -> int:
+    """The cached-token count of the last request (the hit); 0 when the server did not report one."""
+    last = cached_tokens[-1] if cached_tokens else None
+    return last if isinstance(last, int) and not isinstance(last, bool) and last >= 0 else 0
+
+
+def prefix_cache_figure(check: "CheckResult | None") -> "Figure":
+    """Left: prompt and cached tokens on the hit; right: max |logprob diff| of the hit against the allowed one."""
+    prompts = (check.details.get("prompts") if check else None) or []
+    figure = _new_figure(10, 3.6)
+    left, right = figure.subplots(1, 2)
+    labels = [str(p.get("prompt_tokens") or p["target_tokens"]) for p in prompts]
+    left.bar(labels, [p.get("prompt_tokens") or p["target_tokens"] for p in prompts], color="#cfd8dc", label="prompt tokens")
+    left.bar(labels, [_cached_on_hit(p["cached_tokens"]) for p in prompts], color="#1565c0", label="cached on the hit")
+    left.set_xlabel("prompt (tokens)")
+    left.set_ylabel("tokens")
+    left.legend(fontsize=8)
+    diffs = [p["comparison"]["max_logprob_diff"] for p in prompts]
+    colours = ["#2e7d32" if p["comparison"]["text_identical"] else FAILED_COLOUR for p in prompts]
+    right.bar(labels, [d if d is not None else 0.0 for d in diffs], color=colours)
+    allowed = (check.details.get("max_logprob_diff_allowed") if check else None) or 0.0
+    if allowed:
+        right.axhline(allowed, color=FAILED_COLOUR, linestyle="--", linewidth=1, label=f"allowed {allowed:g}")
+        right.legend(fontsize=8)
+    right.set_xlabel("prompt (tokens)")
+    right.set_ylabel("max |hit - cold| logprob (red: text differs)")
+    status = f"{check.status}: {check.result}" if check else "not run"
+    figure.suptitle(f"Prefix-cache hit vs cold: {status}", fontsize=9, wrap=True)
+    if not prompts:
+        left.text(0.5, 0.5, "no prompts in these results", ha="center", va="center", transform=left.transAxes)
+    figure.tight_layout()
+    return figure
+
+
+NEEDLE_MISSED, NEEDLE_FOUND, NEEDLE_NOT_RUN = 0, 1, 2  # the heatmap's cell values
+_NEEDLE_COLOURS = ("#d9534f", "#5cb85c", "#dddddd")
+NEEDLE_TITLE = "Needle in a haystack (cold, exact match)"
+
+
+def _needle_heatmap(grid: "NeedleGrid", title: str) -> "Figure":
+    """Depth down, length across; each cell says found or missed and its time to the answer."""
+    from matplotlib.colors import ListedColormap
+
+    from .haystack import format_tokens
+
+    values = [[NEEDLE_NOT_RUN for _ in grid.lengths] for _ in grid.depths]
+    labels = [["not run" for _ in grid.lengths] for _ in grid.depths]
+    for row, depth in enumerate(grid.depths):
+        for col, length in enumerate(grid.lengths):
+            cell = grid.cell(length, depth)
+            if cell is None:
+                continue
+            values[row][col] = NEEDLE_FOUND if cell.found else NEEDLE_MISSED
+            labels[row][col] = f"{'found' if cell.found else 'missed'}\n{cell.seconds:.1f} s"
+    figure = _new_figure(1.6 + 1.5 * len(grid.lengths), 1.2 + 0.9 * len(grid.depths), dpi=120)
+    axes = figure.add_subplot()
+    axes.imshow(values, cmap=ListedColormap(list(_NEEDLE_COLOURS)), vmin=0, vmax=2, aspect="auto")
+    columns = []
+    for length in grid.lengths:
+        prompts = [c.prompt_tokens for c in grid.cells if c.target_tokens == length]
+        columns.append(format_tokens(prompts[0] if prompts else length))
+    axes.set_xticks(range(len(grid.lengths)), columns)
+    axes.set_yticks(range(len(grid.depths)), [f"{d:.0%}" for d in grid.depths])
+    axes.set_xticks([c - 0.5 for c in range(1, len(grid.lengths))], minor=True)
+    axes.set_yticks([r - 0.5 for r in range(1, len(grid.depths))], minor=True)
+    axes.grid(which="minor", color="white", linewidth=2)
+    axes.tick_params(which="minor", length=0)
+    axes.set_xlabel("prompt length (tokens)")
+    axes.set_ylabel("needle depth")
+    for row in range(len(grid.depths)):
+        for col in range(len(grid.lengths)):
+            axes.text(col, row, labels[row][col], ha="center", va="center", fontsize=8, color="black")
+    found = sum(c.found for c in grid.cells)
+    axes.set_title(f"{title}: {found}/{len(grid.cells)}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def needles_figure(check: "CheckResult | None", title: str = NEEDLE_TITLE) -> "Figure":
+    """The needle check's depth x length heatmap, drawn from its details; a placeholder that says why when the grid
+    did not run."""
+    from .checks.needles import NeedleGrid
+
+    if check is not None and check.details.get("cells"):
+        return _needle_heatmap(NeedleGrid.model_validate(check.details), title)
+    figure = _new_figure(5, 1.6)
+    axes = figure.subplots()
+    axes.axis("off")
+    axes.text(0.5, 0.5, f"needles: {check.result if check else 'not run'}", ha="center", va="center", wrap=True)
+    return figure
+
+
+def engine_states_figure(results: "RunResults") -> "Figure":
+    """Each request of the engine-state probes against its solo run: the largest logprob difference over the tokens
+    both share, green when the tokens were identical, amber for a near-tie flip, red for a divergence that failed;
+    one panel per probe, titled with its status, so a probe that did not run still shows why."""
+    from .checks.engine_states import comparison_rows
+
+    rows = comparison_rows(results)
+    names = [c.name for c in results.checks]
+    figure = _new_figure(max(6.0, 2.6 * len(names)), 3.4)
+    panels = figure.subplots(1, max(1, len(names)), squeeze=False)[0]
+    for axes, check in zip(panels, results.checks):
+        mine = [r for r in rows if r["check"] == check.name]
+        allowed = (check.details.get("expectation") or {}).get("max_logprob_diff")
+        if mine:
+            labels = [str(r["request"])[:18] for r in mine]
+            diffs = [r["max logprob diff"] or 0.0 for r in mine]
+            colours = [VERDICT_COLOURS.get(r["verdict"], FAILED_COLOUR) for r in mine]
+            axes.bar(range(len(mine)), diffs, color=colours)
+            axes.set_xticks(range(len(mine)), labels, rotation=60, ha="right", fontsize=6)
+            if allowed:
+                axes.axhline(allowed, color=FAILED_COLOUR, linestyle="--", linewidth=1)
+        else:
+            axes.set_xticks([])
+            axes.text(0.5, 0.5, "no comparisons", ha="center", va="center", transform=axes.transAxes, fontsize=8)
+        axes.set_title(f"{check.name}: {check.status}", fontsize=8,
+                       color=STATUS_COLOURS.get(check.status, FAILED_COLOUR))
+    panels[0].set_ylabel("max |run - solo| logprob", fontsize=8)
+    figure.suptitle(f"{results.recipe}: engine states against solo runs on {results.hardware.description}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def check_figures(results: "RunResults") -> dict[str, "Figure"]:
+    """The figures a verify run has data for, by the names the reports know: verify (time per check), needles,
+    prefix_cache, engine_states (the engine-state probes only)."""
+    from .checks import CHECKS
+    from .checks.engine_states import GROUP as ENGINE_STATES
+
+    if not results.checks:
+        return {}
+    figures = {"verify": checks_figure(results)}
+    needles, prefix = results.check("needles"), results.check("prefix-cache")
+    if needles is not None:
+        figures["needles"] = needles_figure(needles)
+    if prefix is not None:
+        figures["prefix_cache"] = prefix_cache_figure(prefix)
+    states = [c for c in results.checks if c.name in CHECKS and CHECKS[c.name].group == ENGINE_STATES]
+    if states:
+        figures["engine_states"] = engine_states_figure(results.model_copy(update={"checks": states}))
+    return figures
+
+
+def save_check_figures(results: "RunResults", out_dir: Path) -> dict[str, Path]:
+    """`check_figures` as NAME.png into `out_dir`; returns {name: path}."""
+    return {name: save(figure, Path(out_dir) / f"{name}.png") for name, figure in check_figures(results).items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two runs compared
+
+
+def _delta_colour(delta: "Delta") -> str:
+    """Red: a regression; amber: worse within the threshold; green: better or equal; grey: no verdict."""
+    if delta.regression:
+        return FAILED_COLOUR
+    if delta.better is None or delta.change is None:
+        return "#9e9e9e"
+    worse = delta.change < 0 if delta.better == "higher" else delta.change > 0
+    return "#f9a825" if worse else "#2e7d32"
+
+
+def comparison_figure(comparison: "Comparison") -> "Figure":
+    """Relative change per figure and metric (B against A), the threshold band shaded."""
+    deltas = [d for d in comparison.deltas if d.change is not None]
+    figure = _new_figure(8, 0.35 * len(deltas) + 1.6)
+    axes = figure.subplots()
+    labels = [f"{d.figure} {d.metric}" for d in deltas]
+    values = [100 * (d.change or 0.0) for d in deltas]
+    axes.barh(labels, values, color=[_delta_colour(d) for d in deltas])
+    axes.axvspan(-100 * comparison.threshold, 100 * comparison.threshold, color="#eeeeee", zorder=0)
+    axes.axvline(0, color="#444444", linewidth=0.8)
+    axes.invert_yaxis()
+    axes.set_xlabel(f"change from A to B (%), red: a regression beyond {comparison.threshold:.0%}")
+    axes.set_title(f"A: {comparison.hardware_a}\nB: {comparison.hardware_b}", fontsize=8)
+    if not deltas:
+        axes.text(0.5, 0.5, "no performance figure in common", ha="center", va="center", transform=axes.transAxes)
+    figure.tight_layout()
+    return figure

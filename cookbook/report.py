@@ -1,5 +1,6 @@
 """Shareable reports of a run folder: an HTML page per executed notebook without its code, an index that links
 them with the Verified and Performance tables and the figures inlined, and a secrets scan over everything written.
+The figures are drawn by `cookbook.plots` and saved by whoever ran the step; the index only inlines the PNGs.
 
 The HTML loads nothing from the network (nbconvert's CDN script tags are dropped: the reports hold only text,
 tables and PNG figures), so a report folder opens offline and reveals nothing to a third party when shared.
@@ -17,9 +18,8 @@ from .results import CheckResult, RunResults
 from .run_folder import BatchSummary
 from .secrets import mask_folder, scan_folder
 
-if TYPE_CHECKING:  # pandas and matplotlib are imported only where a table or a figure is built
+if TYPE_CHECKING:  # pandas is imported only where a table is built
     import pandas as pd
-    from matplotlib.figure import Figure
 
 _CODE_SPAN = re.compile(r"`([^`]+)`")
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
@@ -56,24 +56,6 @@ def figures_frame(results: RunResults) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=["Test", "Result", "Measured as"])
 
 
-STATUS_COLOURS = {"pass": "#2e7d32", "known limitation": "#f9a825", "skipped": "#9e9e9e", "inconclusive": "#6a8caf"}
-
-
-def checks_figure(results: RunResults) -> "Figure":
-    """Time per check, coloured by status (green pass, amber known limitation, grey skipped, blue inconclusive, red otherwise)."""
-    from matplotlib.figure import Figure
-
-    checks = list(reversed(results.checks))
-    figure = Figure(figsize=(7, 0.35 * len(checks) + 1.2))
-    axes = figure.subplots()
-    axes.barh([c.name for c in checks], [c.duration_s for c in checks],
-              color=[STATUS_COLOURS.get(c.status, "#c62828") for c in checks])
-    axes.set_xlabel("seconds")
-    axes.set_title(f"{results.recipe}: checks on {results.hardware.description}", fontsize=9)
-    figure.tight_layout()
-    return figure
-
-
 def prefix_cache_frame(check: CheckResult | None) -> "pd.DataFrame":
     """Per prompt of the prefix-cache probe: cached tokens per request, text and logprob comparison, times."""
     import pandas as pd
@@ -92,38 +74,6 @@ def prefix_cache_frame(check: CheckResult | None) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=columns)
 
 
-def prefix_cache_figure(check: CheckResult | None) -> "Figure":
-    """Left: prompt and cached tokens on the hit; right: max |logprob diff| of the hit against the allowed one."""
-    from matplotlib.figure import Figure
-
-    frame = prefix_cache_frame(check)
-    figure = Figure(figsize=(10, 3.6))
-    left, right = figure.subplots(1, 2)
-    labels = [str(n) for n in frame["Prompt tokens"]]
-    hits = [int(text.split(", ")[-1]) if text and text.split(", ")[-1].isdigit() else 0
-            for text in frame["Cached tokens per request"]]
-    left.bar(labels, frame["Prompt tokens"], color="#cfd8dc", label="prompt tokens")
-    left.bar(labels, hits, color="#1565c0", label="cached on the hit")
-    left.set_xlabel("prompt (tokens)")
-    left.set_ylabel("tokens")
-    left.legend(fontsize=8)
-    diffs = [d if d is not None else 0.0 for d in frame["Max |logprob diff|"]]
-    colours = ["#2e7d32" if same else "#c62828" for same in frame["Same text"]]
-    right.bar(labels, diffs, color=colours)
-    allowed = (check.details.get("max_logprob_diff_allowed") if check else None) or 0.0
-    if allowed:
-        right.axhline(allowed, color="#c62828", linestyle="--", linewidth=1, label=f"allowed {allowed:g}")
-        right.legend(fontsize=8)
-    right.set_xlabel("prompt (tokens)")
-    right.set_ylabel("max |hit - cold| logprob (red: text differs)")
-    status = f"{check.status}: {check.result}" if check else "not run"
-    figure.suptitle(f"Prefix-cache hit vs cold: {status}", fontsize=9, wrap=True)
-    if frame.empty:
-        left.text(0.5, 0.5, "no prompts in these results", ha="center", va="center", transform=left.transAxes)
-    figure.tight_layout()
-    return figure
-
-
 def needles_frame(check: CheckResult | None) -> "pd.DataFrame":
     """The needle grid as depth x length: 'found 1.2 s' or 'MISSED 1.2 s' per cell."""
     import pandas as pd
@@ -135,59 +85,6 @@ def needles_frame(check: CheckResult | None) -> "pd.DataFrame":
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "depth \\ tokens"
     return frame
-
-
-def needles_figure(check: CheckResult | None) -> "Figure":
-    """The needle probe's depth x length heatmap; a placeholder that says why when the grid did not run."""
-    from matplotlib.figure import Figure
-
-    from .checks.needles import NeedleGrid
-    from .needle_plot import heatmap_figure
-
-    if check is not None and check.details.get("cells"):
-        return heatmap_figure(NeedleGrid.model_validate(check.details))
-    figure = Figure(figsize=(5, 1.6))
-    axes = figure.subplots()
-    axes.axis("off")
-    axes.text(0.5, 0.5, f"needles: {check.result if check else 'not run'}", ha="center", va="center", wrap=True)
-    return figure
-
-
-VERDICT_COLOURS = {"identical": "#2e7d32", "tie": "#f9a825"}
-
-
-def engine_states_figure(results: RunResults) -> "Figure":
-    """Each request of the engine-state probes against its solo run: the largest logprob difference over the tokens
-    both share, green when the tokens were identical, amber for a near-tie flip, red for a divergence that failed;
-    one panel per probe, titled with its status, so a probe that did not run still shows why."""
-    from matplotlib.figure import Figure
-
-    from .checks.engine_states import comparison_rows
-
-    rows = comparison_rows(results)
-    names = [c.name for c in results.checks]
-    figure = Figure(figsize=(max(6.0, 2.6 * len(names)), 3.4))
-    panels = figure.subplots(1, max(1, len(names)), squeeze=False)[0]
-    for axes, check in zip(panels, results.checks):
-        mine = [r for r in rows if r["check"] == check.name]
-        allowed = (check.details.get("expectation") or {}).get("max_logprob_diff")
-        if mine:
-            labels = [str(r["request"])[:18] for r in mine]
-            diffs = [r["max logprob diff"] or 0.0 for r in mine]
-            colours = [VERDICT_COLOURS.get(r["verdict"], "#c62828") for r in mine]
-            axes.bar(range(len(mine)), diffs, color=colours)
-            axes.set_xticks(range(len(mine)), labels, rotation=60, ha="right", fontsize=6)
-            if allowed:
-                axes.axhline(allowed, color="#c62828", linestyle="--", linewidth=1)
-        else:
-            axes.set_xticks([])
-            axes.text(0.5, 0.5, "no comparisons", ha="center", va="center", transform=axes.transAxes, fontsize=8)
-        axes.set_title(f"{check.name}: {check.status}", fontsize=8,
-                       color=STATUS_COLOURS.get(check.status, "#c62828"))
-    panels[0].set_ylabel("max |run - solo| logprob", fontsize=8)
-    figure.suptitle(f"{results.recipe}: engine states against solo runs on {results.hardware.description}", fontsize=9)
-    figure.tight_layout()
-    return figure
 
 
 # ---------------------------------------------------------------------------------------------------------------

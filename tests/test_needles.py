@@ -1,4 +1,4 @@
-"""cookbook.checks.needles and cookbook.needle_plot: scoring and wording (unit), the grid on SmolLM2 (integration)."""
+"""cookbook.checks.needles: scoring and wording (unit), the grid on SmolLM2 (integration)."""
 from __future__ import annotations
 
 import re
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from cookbook import plots
 from cookbook.checks import CHECKS, CheckContext, run_checks
 from cookbook.checks.needles import NeedleCell, NeedleGrid, default_lengths, result_text
 from cookbook.endpoint import Endpoint
-from cookbook.needle_plot import save_heatmap
 from cookbook.recipes import Recipe
 from cookbook.results import CheckResult
 
@@ -61,11 +61,6 @@ def test_default_lengths_follow_the_seeds_proportions() -> None:
     assert default_lengths(8192) == [2031, 4096, 7618]
 
 
-def test_heatmap_is_a_png(tmp_path: Path) -> None:
-    path = save_heatmap(grid({1000: [True, False, True], 3000: [True] * 3}), tmp_path / "figs" / "needles.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 @pytest.mark.integration
 def test_needle_grid_on_smollm2(cpu_server: Endpoint, cpu_recipe: Recipe, tmp_path: Path) -> None:
     lengths = [800, 2000]
@@ -79,7 +74,8 @@ def test_needle_grid_on_smollm2(cpu_server: Endpoint, cpu_recipe: Recipe, tmp_pa
     assert all(not c["cached_tokens"] for c in cells)  # every cell cold
     for c in cells:
         assert c["found"] == (c["needle_value"] in c["answer"])
-    assert Path(result.details["figure"]).read_bytes()[:4] == b"\x89PNG"
+    assert "figure" not in result.details and list(tmp_path.iterdir()) == []  # the check returns data, never draws
+    assert plots.save(plots.needles_figure(result), tmp_path / "needles.png").read_bytes()[:4] == b"\x89PNG"
     # SmolLM2-135M finds the needle at every cell of this grid (measured); a miss is a real regression.
     assert result.status == "pass", (result.result, [e.note for e in result.evidence])
     assert result.result == "3/3 at 800 and 2K tokens"

@@ -36,35 +36,11 @@ def test_notebook_html_has_outputs_not_code(tmp_path: Path) -> None:
     assert 'src="https://' not in html  # opens offline, tells no CDN who reads it
 
 
-def test_frames_and_figure() -> None:
+def test_frames() -> None:
     frame = report.checks_frame(results())
     assert list(frame.columns) == ["Check", "Result", "Status", "Seconds"]
     assert frame.iloc[1]["Status"] == "known limitation"
     assert report.figures_frame(results()).iloc[0]["Measured as"] == "per-call"
-    assert len(report.checks_figure(results()).axes[0].patches) == 3
-
-
-
-def test_engine_states_figure_colours_each_request_by_its_verdict() -> None:
-    def compared(name: str, identical: bool, diff: float | None, verdict: str | None) -> dict[str, object]:
-        return {"name": name, "tokens_identical": identical, "max_logprob_diff": diff,
-                "divergence": {"position": 3, "verdict": verdict, "margin": 0.01} if verdict else None}
-
-    states = results().model_copy(update={"checks": [
-        CheckResult(name="batch-composition", label="Batch composition", status="fail", result="1 of 3 diverged",
-                    details={"expectation": {"max_logprob_diff": 0.05},
-                             "comparisons": [compared("a", True, 0.0, None), compared("b", False, 0.02, "tie"),
-                                             compared("c", False, 1.5, "fail")]}),
-        CheckResult(name="preemption", label="Preemption", status="inconclusive", result="no preemption", details={}),
-    ]})
-    figure = report.engine_states_figure(states)
-    bars, empty = figure.axes[0], figure.axes[1]
-    assert [p.get_height() for p in bars.patches] == [0.0, 0.02, 1.5]
-    assert [report.VERDICT_COLOURS.get(v, "#c62828") for v in ("identical", "tie", "fail")] == [
-        "#2e7d32", "#f9a825", "#c62828"]
-    assert [tuple(round(x, 3) for x in p.get_facecolor()[:3]) for p in bars.patches][2] == (0.776, 0.157, 0.157)
-    assert bars.get_title() == "batch-composition: fail" and empty.get_title() == "preemption: inconclusive"
-    assert bars.lines and bars.lines[0].get_ydata()[0] == 0.05  # the recipe's allowance
 
 
 def test_index_inlines_tables_and_figures(tmp_path: Path) -> None:

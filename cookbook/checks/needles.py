@@ -7,8 +7,6 @@ answer. Lengths come from the recipe, capped to the server's context.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, Field
 
 from ..endpoint import Endpoint
@@ -35,7 +33,6 @@ from .registry import CheckContext, CheckOutcome, check
 DEFAULT_DEPTHS = [0.1, 0.5, 0.9]
 # Without a recipe: the seeds' 65K, 131K and 244K of a 262,144-token context, as fractions of the server's.
 DEFAULT_LENGTH_FRACTIONS = [0.248, 0.5, 0.93]
-FIGURE_NAME = "needles.png"
 
 
 class NeedleCell(BaseModel):
@@ -166,7 +163,8 @@ def default_lengths(max_model_len: int) -> list[int]:
 
 @check("needles", "Needle in a haystack, 3 depths, cold", group="long-context")
 def needles(ctx: CheckContext) -> CheckOutcome:
-    """The grid from the recipe (or params 'needle_lengths' / 'needle_depths'); the heatmap into ctx.out_dir."""
+    """The grid from the recipe (or params 'needle_lengths' / 'needle_depths'), every cell in the details; the
+    heatmap is drawn from them by `cookbook.plots.needles_figure`, never by the check."""
     expectation = ctx.recipe.verification.needles if ctx.recipe else None
     served = served_model(ctx.endpoint)
     context = served.max_model_len
@@ -199,10 +197,6 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         evidence += [Evidence(note=c) for c in contradictions]
     if fitted != list(lengths):
         details["requested_lengths"] = list(lengths)
-    if ctx.out_dir is not None:
-        from ..needle_plot import save_heatmap
-
-        details["figure"] = str(save_heatmap(grid, Path(ctx.out_dir) / FIGURE_NAME))
     return CheckOutcome(
         passed=grid.passed,
         result=text,

@@ -66,7 +66,7 @@ class CheckFailed(CookbookError):
 
 @dataclass
 class CheckContext:
-    """What a check gets: where the server is, what the recipe expects, where to save figures, overrides."""
+    """What a check gets: where the server is, what the recipe expects, the run's folder, overrides."""
 
     endpoint: Endpoint
     recipe: Recipe | None = None
@@ -271,9 +271,6 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
             status = "known limitation"
             result_text = f"{outcome.result} (known limitation of this model)"
             evidence.insert(0, Evidence(note=f"known limitation: {limitation}"))
-        figure = outcome.details.get("figure")
-        if isinstance(figure, str):
-            results.artifacts[f"{spec.name}-figure"] = _relative_to(figure, ctx.out_dir)
         results.checks.append(
             CheckResult(
                 name=spec.name,
@@ -287,16 +284,6 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
         )
     results.finished_at = now()
     return results
-
-
-def _relative_to(path: str, folder: Path | None) -> str:
-    """Artifacts are named relative to the run folder, so a results file stays valid when the folder moves."""
-    if folder is None:
-        return path
-    try:
-        return Path(path).resolve().relative_to(Path(folder).resolve()).as_posix()
-    except ValueError:
-        return path
 
 
 def verified_table(results: RunResults) -> str:

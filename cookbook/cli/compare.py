@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..compare import DEFAULT_THRESHOLD, compare_runs, comparison_figure, figure_path, format_comparison, load_run
+from ..compare import DEFAULT_THRESHOLD, compare_runs, format_comparison, load_run
 from ..errors import CookbookError
 from ..pages import write_atomic
+from ..plots import comparison_figure, figure_path, save
 from ..results import check_output_path
 
 
@@ -31,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     comparison = compare_runs(a, b, args.threshold / 100, (str(args.run_a), str(args.run_b)))
     print(format_comparison(comparison))
     if figure is not None:
-        figure.parent.mkdir(parents=True, exist_ok=True)
-        comparison_figure(comparison).savefig(figure, dpi=110, bbox_inches="tight")
+        save(comparison_figure(comparison), figure)
         print(f"figure: {figure}")
     if args.json:
         write_atomic(args.json, comparison.model_dump_json(indent=2) + "\n")

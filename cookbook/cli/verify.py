@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..checks.registry import check_params, verified_table
 from ..endpoint import Endpoint
 from ..errors import CookbookError, UsageError
 from ..launch import Server, attach, free_port, launch_flags, start_or_report
+from ..plots import save_check_figures
 from ..recipes import Recipe
 from ..results import Hardware, RunResults, check_output_path, write_results
 from ._common import add_server_args, recipe_from
@@ -62,7 +64,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="FLAG=VALUE",
         help="with --launch: a `vllm serve` flag to add or replace, e.g. num-gpu-blocks-override=17 (repeatable)",
     )
-    parser.add_argument("--out-dir", type=Path, metavar="DIR", help="where figures go (default: beside --json)")
+    parser.add_argument("--out-dir", type=Path, metavar="DIR",
+                        help="where the checks' figures go (verify.png, needles.png, prefix_cache.png, engine_states.png; "
+                        "default: beside --json)")
     parser.set_defaults(run=run)
 
 
@@ -177,11 +181,25 @@ def _run_checks(
     )
     started = time.monotonic()
     results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
-    if args.json:
+    if args.json:  # what was measured is written first, whatever happens to the figures
         write_results(results, args.json)
+    if out_dir is not None and _save_figures(results, out_dir, args.json.parent if args.json else out_dir) and args.json:
+        write_results(results, args.json)  # again, naming the figures in its artifacts
     print(verified_table(results), end="")
     evidence = evidence_lines(results)
     if evidence:
         print("\nEvidence:\n" + "\n".join(evidence))
     print(f"verify: {len(results.checks)} checks in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return 0 if results.all_ok else 1
+
+
+def _save_figures(results: RunResults, out_dir: Path, base: Path) -> bool:
+    """The checks' figures into `out_dir`, named in the results' artifacts relative to `base` (the results file's
+    folder); a figure that cannot be drawn is said, and never costs the results. True when any was written."""
+    try:
+        paths = save_check_figures(results, out_dir)
+    except Exception as exc:  # noqa: BLE001 - the numbers matter more than their picture
+        print(f"verify: figures not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    results.artifacts.update({name: os.path.relpath(path, base) for name, path in paths.items()})
+    return bool(paths)
