@@ -56,8 +56,9 @@ class Session:
 
     def save_figure(self, figure: "MplFigure", name: str) -> Path:
         """Save a figure as NAME.png beside the executed notebook; every part this session writes records it."""
-        path = self.out_dir / f"{name}.png"
-        figure.savefig(path, dpi=110, bbox_inches="tight")
+        from .plots import save
+
+        path = save(figure, self.out_dir / f"{name}.png")
         self.artifacts[name] = path.name
         for part in self.parts:
             self._write_part(part)

@@ -125,17 +125,8 @@ def describe(component: list[str], graph: dict[str, set[str]]) -> str:
     return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in component)
 
 
-# TEMPORARY, lapses when the plots branch (issue #12 item 2) lands: the needle check still draws its own heatmap
-# through cookbook/needle_plot.py, which imports the check's grid back. That branch deletes needle_plot.py (checks
-# return data, one plotting module draws), and with the file gone this exception no longer applies.
-TEMPORARY_EDGES = {("cookbook.checks.needles", "cookbook.needle_plot")}
-
-
 def test_no_import_cycle_inside_the_package() -> None:
     graph = import_graph()
-    if (ROOT / PACKAGE / "needle_plot.py").exists():
-        for importer, imported in TEMPORARY_EDGES:
-            graph[importer].discard(imported)
     found = cycles(graph)
     assert not found, "import cycles in cookbook/: " + " | ".join(describe(c, graph) for c in found)
 
