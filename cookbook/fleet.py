@@ -39,6 +39,7 @@ Say = Callable[[str], None]
 # one client goes"): the fleet never has more runs in flight than fit under it.
 CLIENT_MAX_STREAMS = 256
 HEALTH_POLL_S = 2.0
+HEALTH_WAIT_EVERY_S = 10.0
 DOWN_AFTER_FAILED_POLLS = 2
 
 EntryStatus = Literal["passed", "checks not met", "unreachable", "died mid-run", "failed", "interrupted"]
@@ -97,6 +98,10 @@ class Fleet(BaseModel):
     notebooks: list[str] | None = Field(None, description="Notebooks each run executes (default: all)")
     params: dict[str, Any] = Field(default_factory=dict, description="Notebook parameters for every run, NAME: value")
     concurrency: int | None = Field(None, ge=1, description="Runs in flight at once (default and ceiling: what one client drives)")
+    wait_for_health_s: float = Field(
+        0, ge=0, le=86400, description="How long an attached server may take to answer /health before its entry is "
+        "'unreachable' (0: one 10-second try); on a cluster, long enough for the servers' start-up and warm-up",
+    )
 
     @field_validator("params")
     @classmethod
@@ -294,14 +299,10 @@ class FleetRunner:
         recipe = load_recipe(server.recipe)
         base = FleetEntry(label=label, recipe=recipe.id, base_url=strip_url_credentials(server.base_url or "") or None,
                           launched=server.launch, status="failed", run_dir=label, log=f"logs/{label}.log")
-        if server.base_url:
-            probe = Endpoint(server.base_url, recipe.served_model_name)
-            try:
-                if not probe.healthy(timeout_s=10.0):
-                    self.say(f"fleet: {label}: unreachable ({base.base_url}/health does not answer 200)")
-                    return base.model_copy(update={"status": "unreachable", "why": f"{base.base_url}/health does not answer 200 before the run"})
-            finally:
-                probe.close()
+        if server.base_url and not self._reachable(label, server.base_url, recipe.served_model_name):
+            waited = f" within {self.fleet.wait_for_health_s:.0f} s" if self.fleet.wait_for_health_s else ""
+            self.say(f"fleet: {label}: unreachable ({base.base_url}/health does not answer 200{waited})")
+            return base.model_copy(update={"status": "unreachable", "why": f"{base.base_url}/health does not answer 200{waited} before the run"})
         self.say(f"fleet: {label}: started ({base.base_url or 'launched here'})")
         started = time.monotonic()
         log_path = self.out / base.log
@@ -317,6 +318,22 @@ class FleetRunner:
         entry = _read_back(self.out, base, code, down_after, round(time.monotonic() - started, 1), log_path)
         self.say(f"fleet: {label}: {entry.status} in {entry.seconds:.0f} s" + (f" ({entry.why})" if entry.why else ""))
         return entry
+
+    def _reachable(self, label: str, base_url: str, model: str) -> bool:
+        """/health answers 200, at once or within the fleet's `wait_for_health_s` (polled every few seconds)."""
+        deadline = time.monotonic() + self.fleet.wait_for_health_s
+        probe = Endpoint(base_url, model)
+        try:
+            while not self._interrupted.is_set():
+                if probe.healthy(timeout_s=10.0):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                self.say(f"fleet: {label}: waiting for {strip_url_credentials(base_url)}/health")
+                self._interrupted.wait(min(HEALTH_WAIT_EVERY_S, max(0.0, deadline - time.monotonic())))
+            return False
+        finally:
+            probe.close()
 
     def _wait(self, label: str, argv: list[str], log: Any) -> int:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
