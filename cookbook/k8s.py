@@ -45,7 +45,7 @@ from .models import MODEL_FORMAT
 from .recipes import RECIPES_DIR, Recipe, load_recipe
 
 if TYPE_CHECKING:
-    from .fleet import Fleet
+    from .fleet_file import Fleet
 
 GAUDI_RESOURCE = "habana.ai/gaudi"
 # The cookbook image (the cluster provides it): this checkout at /cookbook with its environment installed and
@@ -534,7 +534,7 @@ def render_fleet(fleet: "Fleet", options: K8sOptions | None = None, source: str 
     attached URLs, the fleet file in a ConfigMap, one run-folder claim and its report reader (`--name`, default
     `fleet`, names these). The Job starts at once: each entry waits for its own server's /health (the start-up
     budget plus a margin), so a server that never comes up is reported unreachable and holds no other."""
-    from .fleet import entry_labels
+    from .fleet_file import entry_labels
 
     options = options or K8sOptions()
     fleet_name = options.name or "fleet"

@@ -15,20 +15,8 @@ import pytest
 
 from cookbook.batch import BatchSummary
 from cookbook.endpoint import Endpoint
-from cookbook.fleet import (
-    Fleet,
-    FleetEntry,
-    FleetError,
-    FleetServer,
-    FleetSummary,
-    _read_back,
-    entry_labels,
-    fleet_concurrency,
-    load_fleet,
-    run_command,
-    run_fleet,
-    write_fleet_index,
-)
+from cookbook.fleet import FleetEntry, FleetSummary, _read_back, fleet_concurrency, run_command, run_fleet, write_fleet_index
+from cookbook.fleet_file import Fleet, FleetError, FleetServer, entry_labels, load_fleet
 from cookbook.launch import Server, free_port, session_pids
 from cookbook.recipes import load_recipe
 from cookbook.results import CheckResult, Figure, Hardware, RunResults, write_results

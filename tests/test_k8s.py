@@ -432,7 +432,7 @@ FLEET_SNAPSHOT = Path(__file__).parent / "snapshots" / "k8s-fleet" / "fleet-gaud
 
 
 def test_a_fleet_renders_its_launched_servers_and_one_run_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cookbook.fleet import Fleet, load_fleet
+    from cookbook.fleet_file import Fleet, load_fleet
 
     items = k8s.render_fleet(load_fleet(FLEET_EXAMPLE), k8s.make_options(namespace="gaudi-ci"), source="docs/examples/fleet-gaudi.yaml")
     objects = [o for item in items for o in item.objects()]
@@ -464,7 +464,7 @@ def test_a_fleet_renders_its_launched_servers_and_one_run_job(monkeypatch: pytes
 
 
 def test_a_fleet_never_writes_url_credentials_into_a_config_map(tmp_path: Path) -> None:
-    from cookbook.fleet import load_fleet
+    from cookbook.fleet_file import load_fleet
 
     path = tmp_path / "fleet.yaml"
     path.write_text("servers:\n  - {recipe: Qwen/Qwen3-Coder-Next, base_url: 'http://me:hunter2@gaudi-07:8000'}\n")

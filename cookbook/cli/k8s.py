@@ -44,7 +44,7 @@ def run_render(args: argparse.Namespace) -> int:
     if bool(args.recipe) == bool(args.fleet):
         raise CookbookError("k8s render: give a recipe id or --fleet FILE (one of them)")
     if args.fleet:
-        from ..fleet import load_fleet
+        from ..fleet_file import load_fleet
 
         items = render_fleet(load_fleet(args.fleet), options, source=str(args.fleet))
     else:

@@ -71,7 +71,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_fleet_file(args: argparse.Namespace) -> int:
-    from ..fleet import load_fleet, run_fleet
+    from ..fleet import run_fleet
+    from ..fleet_file import load_fleet
 
     if args.recipe:
         raise CookbookError("--fleet: give no recipe id with --fleet (the fleet file names them)")
