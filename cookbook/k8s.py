@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -42,7 +42,10 @@ from .container import (CONTAINER_COOKBOOK, CONTAINER_HF_HOME, CONTAINER_PORT, G
                         default_image, secret_names)
 from .errors import CookbookError
 from .models import MODEL_FORMAT
-from .recipes import RECIPES_DIR, Recipe
+from .recipes import RECIPES_DIR, Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from .fleet_file import Fleet
 
 GAUDI_RESOURCE = "habana.ai/gaudi"
 # The cookbook image (the cluster provides it): this checkout at /cookbook with its environment installed and
@@ -230,11 +233,16 @@ def object_name(recipe: Recipe, options: K8sOptions | None = None) -> str:
     """The base name of a recipe's objects: `--name`, else its id in lower case (a hash keeps long ids apart)."""
     if options is not None and options.name:
         return options.name
-    slug = re.sub(r"[^a-z0-9]+", "-", recipe.id.lower()).strip("-") or "recipe"
+    return dns_name(recipe.id)
+
+
+def dns_name(text: str) -> str:
+    """`text` as an object name: lower case, '-' for anything else, a letter first, a hash when too long."""
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "recipe"
     if not slug[0].isalpha():
         slug = "r-" + slug
     if len(slug) > MAX_NAME:
-        digest = hashlib.sha256(recipe.id.encode()).hexdigest()[:6]
+        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
         slug = slug[:MAX_NAME - 7].rstrip("-") + "-" + digest
     return slug
 
@@ -419,19 +427,8 @@ def _service(recipe: Recipe, name: str, options: K8sOptions) -> dict[str, Any]:
 
 def _job(recipe: Recipe, name: str, url: str, options: K8sOptions, keys: dict[str, bool]) -> dict[str, Any]:
     hardware = options.hardware or f"unknown:not stated (the server behind Kubernetes Service {name})"
-    env: list[dict[str, Any]] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "HF_HUB_OFFLINE", "value": "1"},
-    ]
-    if "api-key" in recipe.serve.flags:  # the client sends the server's key, read from the same Secret key
-        env.append(_secret_ref("OPENAI_API_KEY", options.secret, "VLLM_API_KEY", optional=False))
-        keys["VLLM_API_KEY"] = True
-    wait_s = options.startup_budget_s + WAIT_MARGIN_S
-    wait = {
-        "name": "wait-for-server",
-        "image": options.cookbook_image,
-        "command": ["python3", "-c", escape_expansion(WAIT_SCRIPT), f"{url}/health", str(wait_s), str(WAIT_EVERY_S)],
-    }
+    env = _client_env([recipe], options, keys)
+    wait = _wait_container("wait-for-server", url, options)
     run = {
         "name": "run",
         "image": options.cookbook_image,
@@ -459,6 +456,25 @@ def _job(recipe: Recipe, name: str, url: str, options: K8sOptions, keys: dict[st
             },
         },
     }
+
+
+def _client_env(recipes: list[Recipe], options: K8sOptions, keys: dict[str, bool]) -> list[dict[str, Any]]:
+    """The run Job's environment: its pod name (a fresh run folder per attempt), offline hub, and the servers' API
+    key from the Secret when a recipe serves with one."""
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+    if any("api-key" in r.serve.flags for r in recipes):  # the client sends the server's key, read from the same Secret key
+        env.append(_secret_ref("OPENAI_API_KEY", options.secret, "VLLM_API_KEY", optional=False))
+        keys["VLLM_API_KEY"] = True
+    return env
+
+
+def _wait_container(name: str, url: str, options: K8sOptions) -> dict[str, Any]:
+    wait_s = options.startup_budget_s + WAIT_MARGIN_S
+    return {"name": name, "image": options.cookbook_image,
+            "command": ["python3", "-c", escape_expansion(WAIT_SCRIPT), f"{url}/health", str(wait_s), str(WAIT_EVERY_S)]}
 
 
 def _reader(name: str, options: K8sOptions) -> dict[str, Any]:
@@ -503,6 +519,99 @@ def render_recipes(recipes: list[Recipe], options: K8sOptions | None = None) -> 
             raise CookbookError(f"{item.recipe}: its objects would be named {item.name!r}, as {seen[item.name]}'s")
         seen[item.name] = item.recipe
     return rendered
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A fleet
+
+FLEET_FILES = ("10-storage.yaml", "30-fleet-job.yaml", "copy-out/report-reader.yaml")
+FLEET_MOUNT = "/fleet"
+
+
+def render_fleet(fleet: "Fleet", options: K8sOptions | None = None, source: str = "a fleet file") -> list[RecipeManifests]:
+    """A fleet on a cluster: every `launch: true` entry's server (cache claim, Deployment, Service) as
+    `render_recipe` renders it, and one Job that waits for them and runs `cookbook run --fleet` against them and the
+    attached URLs, the fleet file in a ConfigMap, one run-folder claim and its report reader (`--name`, default
+    `fleet`, names these). The Job starts at once: each entry waits for its own server's /health (the start-up
+    budget plus a margin), so a server that never comes up is reported unreachable and holds no other."""
+    from .fleet_file import entry_labels
+
+    options = options or K8sOptions()
+    fleet_name = options.name or "fleet"
+    per_server = options.model_copy(update={"name": None})
+    items: list[RecipeManifests] = []
+    servers: list[dict[str, Any]] = []
+    recipes: list[Recipe] = []
+    keys: dict[str, bool] = {}
+    for i, (server, label) in enumerate(zip(fleet.servers, entry_labels(fleet))):
+        recipe = load_recipe(server.recipe)
+        recipes.append(recipe)
+        entry: dict[str, Any] = {"recipe": recipe.id, "name": label}
+        if server.base_url:
+            if "@" in server.base_url.split("//", 1)[-1].split("/", 1)[0]:
+                raise CookbookError(f"servers.{i}.base_url: credentials in a URL would be written into a ConfigMap; "
+                                    "give the server's key through the Secret instead")
+            entry["base_url"] = server.base_url
+            if server.hardware:
+                entry["hardware"] = server.hardware
+        else:
+            name = dns_name(server.name or recipe.id)
+            item = render_recipe(recipe, per_server.model_copy(update={"name": name}))
+            item.files = {FILES[0]: [o for o in item.files[FILES[0]] if not o["metadata"]["name"].endswith("-runs")],
+                          FILES[1]: item.files[FILES[1]]}
+            items.append(item)
+            entry["base_url"] = item.service_url
+            entry["hardware"] = server.hardware or options.hardware or f"unknown:not stated (Kubernetes Service {name})"
+            keys.update(item.secret_keys)
+        servers.append(entry)
+    # Each entry waits for its own server (the fleet runner), so one server that never starts cannot hold the others.
+    wait_s = max(fleet.wait_for_health_s, options.startup_budget_s + WAIT_MARGIN_S)
+    file = {"servers": servers, **fleet.model_dump(exclude={"servers", "wait_for_health_s"}, exclude_none=True,
+                                                   exclude_defaults=True), "wait_for_health_s": wait_s}
+    config = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _metadata(f"{fleet_name}-file", fleet_name, "fleet", options),
+        "data": {"fleet.yaml": yaml.safe_dump(file, sort_keys=False)},
+    }
+    run = {
+        "name": "run",
+        "image": options.cookbook_image,
+        "command": ["cookbook", "run", "--fleet", f"{FLEET_MOUNT}/fleet.yaml", "--out", f"{RUNS_MOUNT}/$(POD_NAME)"],
+        "env": _client_env(recipes, options, keys),
+        "volumeMounts": [{"name": "runs", "mountPath": RUNS_MOUNT},
+                         {"name": "fleet-file", "mountPath": FLEET_MOUNT, "readOnly": True}],
+    }
+    labels = _labels(fleet_name, "run")
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": _metadata(f"{fleet_name}-run", fleet_name, "run", options),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "containers": [run],
+                    "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{fleet_name}-runs"}},
+                                {"name": "fleet-file", "configMap": {"name": f"{fleet_name}-file"}}],
+                },
+            },
+        },
+    }
+    items.append(RecipeManifests(
+        recipe=f"fleet ({len(fleet.servers)} servers)", name=fleet_name, service_url="", source=source,
+        files={FLEET_FILES[0]: [_claim(f"{fleet_name}-runs", fleet_name, options.runs_size, options)],
+               FLEET_FILES[1]: [config, job], FLEET_FILES[2]: [_reader(fleet_name, options)]},
+        secret_keys=keys,
+    ))
+    seen: dict[str, str] = {}
+    for item in items:
+        if item.name in seen:
+            raise CookbookError(f"{item.recipe}: its objects would be named {item.name!r}, as {seen[item.name]}'s; "
+                                "give the entry a distinct `name:`")
+        seen[item.name] = item.recipe
+    return items
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -370,7 +370,8 @@ def _format_location(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def _first_error(path: Path, exc: ValidationError) -> RecipeError:
+def first_error(path: Path, exc: ValidationError) -> RecipeError:
+    """A pydantic validation error as one line naming the file, the field and what was expected (recipes, fleets)."""
     err = exc.errors()[0]
     where = _format_location(tuple(err["loc"]))
     message = err["msg"].removeprefix("Value error, ")
@@ -406,7 +407,7 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise _first_error(path, exc) from None
+        raise first_error(path, exc) from None
     except RecursionError:
         raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     _check_against_fix_pack(recipe)

@@ -423,3 +423,60 @@ def test_snapshots_are_stable(rendered: tuple[Any, k8s.RecipeManifests]) -> None
 def test_no_stale_snapshots() -> None:
     names = {k8s.object_name(load_recipe(r)) for r in RECIPE_IDS}
     assert {p.stem for p in SNAPSHOTS.glob("*.yaml")} == names
+
+
+# -- a fleet ----------------------------------------------------------------------------------------------------------
+
+FLEET_EXAMPLE = REPO_ROOT / "docs" / "examples" / "fleet-gaudi.yaml"
+FLEET_SNAPSHOT = Path(__file__).parent / "snapshots" / "k8s-fleet" / "fleet-gaudi.yaml"
+
+
+def test_a_fleet_renders_its_launched_servers_and_one_run_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cookbook.fleet_file import Fleet, load_fleet
+
+    items = k8s.render_fleet(load_fleet(FLEET_EXAMPLE), k8s.make_options(namespace="gaudi-ci"), source="docs/examples/fleet-gaudi.yaml")
+    objects = [o for item in items for o in item.objects()]
+    validate_offline(objects, monkeypatch)
+    assert [name_problems(o) for o in objects] == [[] for _ in objects]
+    servers = {i.recipe: i for i in items[:-1]}
+    assert set(servers) == {"Qwen/Qwen3-Coder-Next", "Qwen/Qwen3.5-122B-A10B-FP8"}  # the attached one is not started
+    for recipe_id, item in servers.items():
+        [deployment] = of_kind(item.objects(), "Deployment")
+        limits = pod_spec(deployment)["containers"][0]["resources"]["limits"]
+        assert limits["habana.ai/gaudi"] == str(SEED_CARDS[recipe_id])
+        assert [o["kind"] for o in item.objects()] == ["PersistentVolumeClaim", "Deployment", "Service"]
+    run = items[-1]
+    [config] = of_kind(run.objects(), "ConfigMap")
+    [job] = of_kind(run.objects(), "Job")
+    command = pod_spec(job)["containers"][0]["command"]
+    assert command == ["cookbook", "run", "--fleet", "/fleet/fleet.yaml", "--out", "/runs/$(POD_NAME)"]
+    assert "initContainers" not in pod_spec(job)  # each entry waits for its own server: one dead server holds none
+    fleet = Fleet.model_validate(yaml.safe_load(config["data"]["fleet.yaml"]))  # the Job reads a valid fleet file
+    assert [s.base_url for s in fleet.servers] == ["http://qwen-qwen3-coder-next:8000",
+                                                   "http://qwen-qwen3-5-122b-a10b-fp8:8000", "http://gaudi-07.lab:8000"]
+    assert fleet.servers[2].hardware == "gaudi2:two Gaudi 2 cards (gaudi-07)" and fleet.notebooks == ["verify", "throughput"]
+    assert fleet.wait_for_health_s >= k8s.DEFAULT_STARTUP_BUDGET_S
+    text = "".join(k8s.rendered_files(items).values())
+    FLEET_SNAPSHOT.parent.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("COOKBOOK_UPDATE_SNAPSHOTS") == "1":
+        FLEET_SNAPSHOT.write_text(text)
+    assert FLEET_SNAPSHOT.read_text() == text, "the fleet's manifests changed: refresh the snapshot (this file's docstring) if intended"
+
+
+def test_a_fleet_never_writes_url_credentials_into_a_config_map(tmp_path: Path) -> None:
+    from cookbook.fleet_file import load_fleet
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text("servers:\n  - {recipe: Qwen/Qwen3-Coder-Next, base_url: 'http://me:hunter2@gaudi-07:8000'}\n")
+    with pytest.raises(CookbookError, match=r"^servers\.0\.base_url: credentials in a URL"):
+        k8s.render_fleet(load_fleet(path))
+
+
+def test_the_render_command_takes_a_recipe_or_a_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["k8s", "render", "--out", str(tmp_path / "a")]) == 1
+    assert main(["k8s", "render", "Qwen/Qwen3-Coder-Next", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "b")]) == 1
+    assert "give a recipe id or --fleet FILE" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert main(["k8s", "render", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "fleet" / "30-fleet-job.yaml").is_file()
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["fleet", "qwen-qwen3-5-122b-a10b-fp8", "qwen-qwen3-coder-next"]

@@ -1,11 +1,12 @@
-"""`cookbook k8s render RECIPE [--out DIR] [...]`: the recipe's Kubernetes manifests, written as files."""
+"""`cookbook k8s render RECIPE|--fleet FILE [--out DIR] [...]`: the recipe's Kubernetes manifests, written as files."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 from ..k8s import (DEFAULT_COOKBOOK_IMAGE, DEFAULT_SECRET, DEFAULT_STARTUP_BUDGET_S, RUNS_SIZE, make_options,
-                   render_recipes, write_manifests)
+                   render_fleet, render_recipes, write_manifests)
+from ..errors import CookbookError
 from ..recipes import load_recipe
 
 
@@ -13,7 +14,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("k8s", help="Kubernetes manifests: a recipe's server, its Service and a validation Job")
     sub = parser.add_subparsers(dest="k8s_command", required=True, metavar="ACTION")
     render = sub.add_parser("render", help="write the manifests of a recipe under --out/<name>/ (see docs/kubernetes.md)")
-    render.add_argument("recipe", metavar="ID", help="recipe id or path")
+    render.add_argument("recipe", metavar="ID", nargs="?", help="recipe id or path (or --fleet)")
+    render.add_argument("--fleet", type=Path, metavar="FILE",
+                        help="a fleet file: each launch: true entry's server, and one Job running `cookbook run --fleet`")
     render.add_argument("--out", type=Path, default=Path("k8s"), help="folder to write into (default ./k8s)")
     render.add_argument("--image", help="the server image (default <kind>:<tag> from the recipe, e.g. vllm-gaudi:v0.26.0)")
     render.add_argument("--cookbook-image", help=f"the image holding this checkout at /cookbook (default {DEFAULT_COOKBOOK_IMAGE})")
@@ -38,11 +41,19 @@ def run_render(args: argparse.Namespace) -> int:
         secret=args.secret, storage_class=args.storage_class, cache_size=args.cache_size, runs_size=args.runs_size,
         shm_size=args.shm_size, startup_budget_s=args.startup_budget, hardware=args.hardware, port=args.port,
     )
-    items = render_recipes([load_recipe(args.recipe)], options)
+    if bool(args.recipe) == bool(args.fleet):
+        raise CookbookError("k8s render: give a recipe id or --fleet FILE (one of them)")
+    if args.fleet:
+        from ..fleet_file import load_fleet
+
+        items = render_fleet(load_fleet(args.fleet), options, source=str(args.fleet))
+    else:
+        items = render_recipes([load_recipe(args.recipe)], options)
     for path in write_manifests(items, args.out):
         print(f"wrote {path}")
     for item in items:
         keys = ", ".join(f"{k}{'' if required else ' (optional)'}" for k, required in item.secret_keys.items())
-        print(f"{item.recipe}: Secret {options.secret} with keys {keys}; server at {item.service_url}; "
+        where = f"server at {item.service_url}" if item.service_url else "the fleet's run Job"
+        print(f"{item.recipe}: Secret {options.secret} with keys {keys or '(none)'}; {where}; "
               f"kubectl apply -f {Path(args.out) / item.name}/ (docs/kubernetes.md)")
     return 0

@@ -62,13 +62,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--base-url", help="attach to this running server")
     target.add_argument("--launch", action="store_true", help="launch the recipe's server for the run (the default)")
     target.add_argument("--all", action="store_true", help="every recipe this machine can serve, each launched")
+    target.add_argument("--fleet", type=Path, metavar="FILE",
+                        help="a fleet file (YAML: recipe + base_url or launch: true, per server): every server at once, "
+                        "each into OUT/<entry>/, plus OUT/index.html")
     parser.add_argument("--hardware", metavar="KIND:DESCRIPTION",
                         help="what serves --base-url, e.g. 'gaudi2:four Gaudi 2 cards' (default: this machine for CPU recipes)")
     add_batch_args(parser)
     parser.set_defaults(run=run)
 
 
+def run_fleet_file(args: argparse.Namespace) -> int:
+    from ..fleet import run_fleet
+    from ..fleet_file import load_fleet
+
+    if args.recipe:
+        raise CookbookError("--fleet: give no recipe id with --fleet (the fleet file names them)")
+    if args.notebooks or args.param or args.hardware:
+        raise CookbookError("--fleet: --notebooks, --param and --hardware go in the fleet file")
+    if args.out is None:
+        raise CookbookError("--fleet: give --out, the folder the fleet's run folders and index go into")
+    fleet = load_fleet(args.fleet)
+    summary = run_fleet(fleet, args.out)
+    for entry in summary.entries:
+        print(f"{entry.label}: {entry.status}" + (f" ({entry.why})" if entry.why else ""))
+    print(f"report: {args.out / 'index.html'}")
+    return 0 if summary.ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.fleet:
+        return run_fleet_file(args)
     params = parse_params(args.param)
     notebooks = notebook_list(args.notebooks)
     if args.all:
