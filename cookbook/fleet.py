@@ -28,7 +28,7 @@ from .pages import write_atomic
 from .fleet_file import Fleet, FleetServer, entry_labels
 from .recipes import Recipe, load_recipe
 from .results import RunResults, check_output_path, now, read_results
-from .batch import BatchSummary  # moves to run_folder with the house refactor
+from .run_folder import BatchSummary
 from .secrets import strip_url_credentials
 
 Say = Callable[[str], None]

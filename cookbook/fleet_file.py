@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import CookbookError
 from .recipes import first_error, load_recipe
-from .batch import parse_hardware  # moves to results with the house refactor
+from .results import parse_hardware
 
 
 class FleetError(CookbookError):

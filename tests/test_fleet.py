@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cookbook.batch import BatchSummary
+from cookbook.run_folder import BatchSummary
 from cookbook.endpoint import Endpoint
 from cookbook.fleet import FleetEntry, FleetSummary, _read_back, fleet_concurrency, run_command, run_fleet, write_fleet_index
 from cookbook.fleet_file import Fleet, FleetError, FleetServer, entry_labels, load_fleet

@@ -158,7 +158,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("library", ()),
     ("run folder", ("cookbook.run_folder",)),
     ("session and reports", ("cookbook.session", "cookbook.report", "cookbook.compare", "cookbook.plots")),
-    ("batch and widgets", ("cookbook.batch", "cookbook.ui")),
+    ("batch and widgets", ("cookbook.batch", "cookbook.fleet", "cookbook.ui")),
     ("command line", ("cookbook.cli", "cookbook.__main__")),
 ]
 
