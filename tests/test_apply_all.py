@@ -317,8 +317,8 @@ def test_changed_payload_after_apply_is_a_conflict(env: tuple[Path, Path]) -> No
 def _count_writes(pack: Path, site: Path, args: list[str]) -> int:
     mod = load_apply_all()
     calls = []
-    orig = mod.replace_file
-    mod.replace_file = lambda src, dst: (calls.append(dst), orig(src, dst))[1]
+    orig = mod.fsio.replace_file
+    mod.fsio.replace_file = lambda src, dst: (calls.append(dst), orig(src, dst))[1]
     assert mod.main(["--pack", str(pack), "--root", str(site), *args]) == 0
     return len(calls)
 
@@ -344,7 +344,7 @@ def test_failure_injected_at_every_file_write_restores_everything(tmp_path: Path
         before = snapshot(site)
         ledger_before = (site / STATE / "ledger.json").read_bytes() if action == "revert" else None
         mod = load_apply_all()
-        orig = mod.replace_file
+        orig = mod.fsio.replace_file
         count = [0]
 
         def failing(src: Path, dst: Path, n: int = n) -> None:
@@ -353,7 +353,7 @@ def test_failure_injected_at_every_file_write_restores_everything(tmp_path: Path
                 raise OSError(errno.EIO, "Input/output error (injected)", str(dst))
             orig(src, dst)
 
-        mod.replace_file = failing
+        mod.fsio.replace_file = failing
         code = mod.main(["--pack", str(pack), "--root", str(site), *args])
         err = capsys.readouterr().err
         assert code == 4, (n, err)

@@ -116,7 +116,7 @@ def _copy_pack(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("breakage", ["order-missing", "dep-later", "bad-kind", "bad-target", "outside-target"])
 def test_broken_packs_fail_in_both_readers(tmp_path: Path, breakage: str) -> None:
     root = _copy_pack(tmp_path)
-    order = root / "ORDER"
+    order = root / "v0.26.0" / "ORDER"
     if breakage == "order-missing":
         order.write_text(order.read_text().replace("seeded-sampling\n", ""))
     elif breakage == "dep-later":

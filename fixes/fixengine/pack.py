@@ -5,9 +5,9 @@ The one reader of the pack: ``cookbook.fixpack`` builds its typed models from wh
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from .base import EXIT_USAGE, FIX_ID_RE, FixError, KINDS, PACK_DIR, SHA_RE, safe_rel, sha256
 from .diff import parse_diff
@@ -64,7 +64,9 @@ class Profile:
     anchor: str
     pins: list[Pin]
     files: dict[str, str | None]  # package-relative path -> pristine sha256 (None: must be absent)
-    fixes: list[Fix]              # in pack order
+    fixes: list[Fix]              # in the profile's order
+    order_file: Path | None = None  # its ORDER
+    meta: dict[str, Any] = field(default_factory=dict)  # profile.json as read
 
     def fix(self, fix_id: str) -> Fix | None:
         return next((f for f in self.fixes if f.id == fix_id), None)
@@ -73,7 +75,7 @@ class Profile:
 @dataclass
 class Pack:
     root: Path
-    order: list[str]
+    order: list[str]  # every profile's ORDER, profile after profile (names are unique in the pack)
     profiles: dict[str, Profile]
 
     def all_fixes(self) -> list[Fix]:
@@ -103,7 +105,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _load_fix(path: Path, profile: str) -> Fix:
+def _load_fix(path: Path, profile: str, checks: Collection[str] | None = None) -> Fix:
     meta = _load_json(path)
     fix_id = _require(meta, "id", str, path)
     if not FIX_ID_RE.match(fix_id) or fix_id != path.parent.name:
@@ -120,6 +122,9 @@ def _load_fix(path: Path, profile: str) -> Fix:
     check = _require(meta, "check", (str, dict), path)
     if isinstance(check, dict) and not isinstance(check.get("probe"), str):
         raise _pack_error(path, "check must be a check name or {\"probe\": \"<command>\"}")
+    if isinstance(check, str) and checks is not None and check not in checks:
+        raise _pack_error(path, f"field 'check': '{check}' is not a check of the verification suite "
+                                f"(checks: {', '.join(sorted(checks))})")
     raw_targets = meta.get("targets")
     targets: list[Target] | None = None
     if raw_targets is not None:
@@ -160,23 +165,37 @@ def _load_fix(path: Path, profile: str) -> Fix:
                payload_path, meta, path)
 
 
-def load_pack(root: Path = PACK_DIR) -> Pack:
-    """Read and cross-check the whole pack; any inconsistency is a one-line pack error."""
-    order_file = root / "ORDER"
+def read_order(order_file: Path) -> list[str]:
+    """A profile's ORDER: one fix id a line, ``#`` starts a comment, each id once."""
     try:
-        order = [ln.split("#", 1)[0].strip() for ln in order_file.read_text(encoding="utf-8").splitlines()]
+        lines = order_file.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise _pack_error(order_file, f"unreadable ({exc.strerror})") from None
-    order = [x for x in order if x]
+    order = [x for x in (ln.split("#", 1)[0].strip() for ln in lines) if x]
     if len(set(order)) != len(order):
         raise _pack_error(order_file, "a fix id appears twice")
+    return order
+
+
+def load_pack(root: Path = PACK_DIR, checks: Collection[str] | None = None) -> Pack:
+    """Read and cross-check the whole pack; any inconsistency is a one-line pack error.
+
+    Each profile keeps its own order (``<profile>/ORDER``).  ``checks``: the verification suite's check names (the
+    cookbook passes its check registry's); a fix whose ``check`` names another is a pack error.  The engine itself
+    passes none: a bare image has no registry."""
+    if (root / "ORDER").exists():
+        raise _pack_error(root / "ORDER", "the pack has no global order: each profile keeps its own "
+                                          "(<profile>/ORDER); move these lines there")
     profiles: dict[str, Profile] = {}
     seen: dict[str, Fix] = {}
+    pack_order: list[str] = []
     for pfile in sorted(root.glob("*/profile.json")):
         meta = _load_json(pfile)
         name = _require(meta, "name", str, pfile)
         if name != pfile.parent.name:
             raise _pack_error(pfile, f"name '{name}' must equal the folder name")
+        order_file = pfile.parent / "ORDER"
+        order = read_order(order_file)
         pins = []
         for raw in _require(meta, "pins", list, pfile):
             if not isinstance(raw, dict) or not isinstance(raw.get("dist"), str):
@@ -186,7 +205,7 @@ def load_pack(root: Path = PACK_DIR) -> Pack:
         files = _require(meta, "files", dict, pfile)
         fixes = []
         for ffile in sorted(pfile.parent.glob("*/fix.json")):
-            fix = _load_fix(ffile, name)
+            fix = _load_fix(ffile, name, checks)
             if fix.id in seen:
                 raise _pack_error(ffile, f"fix id '{fix.id}' is also in profile {seen[fix.id].profile}")
             if fix.id not in order:
@@ -204,19 +223,22 @@ def load_pack(root: Path = PACK_DIR) -> Pack:
                                          f"(no '..', '.', empty or absolute parts)")
             if digest is not None and not SHA_RE.match(str(digest)):
                 raise _pack_error(pfile, f"file {rel}: not a sha256")
+        ids = {f.id for f in fixes}
+        for fix_id in order:
+            if fix_id not in ids:
+                raise _pack_error(order_file, f"'{fix_id}' names no fix of profile {name}")
+        for fix in fixes:
+            for dep in fix.depends_on:
+                if dep not in ids:
+                    raise _pack_error(fix.source, f"depends on unknown fix '{dep}'")
+                if order.index(dep) > order.index(fix.id):
+                    raise _pack_error(order_file, f"'{fix.id}' depends on '{dep}', which comes later")
         fixes.sort(key=lambda f: order.index(f.id))
+        pack_order.extend(order)
         profiles[name] = Profile(name, meta.get("title", name), meta.get("image", ""),
-                                 _require(meta, "anchor", str, pfile), pins, files, fixes)
-    for fix_id in order:
-        if fix_id not in seen:
-            raise _pack_error(order_file, f"'{fix_id}' names no fix")
+                                 _require(meta, "anchor", str, pfile), pins, files, fixes, order_file, meta)
     for fix in seen.values():
-        for dep in fix.depends_on:
-            if dep not in seen or seen[dep].profile != fix.profile:
-                raise _pack_error(fix.source, f"depends on unknown fix '{dep}'")
-            if order.index(dep) > order.index(fix.id):
-                raise _pack_error(order_file, f"'{fix.id}' depends on '{dep}', which comes later")
         for other in fix.conflicts:
             if other not in seen:
                 raise _pack_error(fix.source, f"conflicts with unknown fix '{other}'")
-    return Pack(root, order, profiles)
+    return Pack(root, pack_order, profiles)
