@@ -46,4 +46,5 @@ def load_engine() -> ModuleType:
 
 
 if __name__ == "__main__":
+    sys.dont_write_bytecode = True  # a container running as root leaves no root-owned caches in the checkout
     sys.exit(load_engine().main())

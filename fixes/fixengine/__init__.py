@@ -1,7 +1,7 @@
 """The fix pack's engine: read the pack, check the image, apply and revert payloads with a ledger, a journal and a
 blob store, capture new payloads.
 
-Standard library only, Python 3.8+ syntax, no import of ``cookbook``: it runs inside a bare vllm-gaudi or vllm-cpu
+Python 3.10+ standard library only, no import of ``cookbook``: it runs inside a bare vllm-gaudi or vllm-cpu
 image, started by ``fixes/apply_all.py`` (the one entry point the Launch blocks call).  ``cookbook.fixpack`` reads the
 pack through ``load_pack`` here, so the pack has one reader.
 
