@@ -1,29 +1,25 @@
-"""Read the fix pack's metadata (fixes/) for recipe pages and validation; never apply anything.
+"""The fix pack's metadata (fixes/) as typed models, for recipe pages and validation; never apply anything.
 
 The only way to change an image is ``fixes/apply_all.py``, which runs inside the bare image with the standard library
-alone.  This module reads the same files (ORDER, ``<profile>/profile.json``, ``<profile>/<fix>/fix.json``) into
-typed models so recipes can be checked against the pack and pages can render their "Required fixes" tables from the
-recipe's per-model reason plus each fix's own metadata.
+alone.  The pack has one reader, that tool's engine (``fixes/fixengine``): this module loads the pack through it and
+types what it read, so recipes can be checked against the pack and pages can render their "Required fixes" tables
+from the recipe's per-model reason plus each fix's own metadata.
 """
 from __future__ import annotations
 
-import json
+import importlib.util
+import sys
+from collections.abc import Collection
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import FixPackError
 
 FIXES_DIR = Path(__file__).resolve().parent.parent / "fixes"
-
-# Names of the verification suite's checks a fix may point at to demonstrate its bug.
-CHECK_NAMES = frozenset({
-    "known-answer", "known-answer-concurrent", "tool-call-auto", "tool-call-streamed", "tool-result",
-    "top-logprobs", "prompt-logprobs", "json-schema", "logit-bias", "min-p", "min-tokens", "bad-words", "seed",
-    "sampling-concurrent", "prefix-cache", "needles", "server-health",
-    "same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition",
-})
+ENGINE_DIR = FIXES_DIR / "fixengine"
 
 
 class _Model(BaseModel):
@@ -36,24 +32,11 @@ class Probe(_Model):
     probe: str
 
 
-def _inside_package(rel: str) -> str:
-    """A pack path must stay inside site-packages (apply_all.py refuses the same paths): no '..', '.', empty or
-    absolute parts."""
-    parts = rel.split("/")
-    if rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"{rel!r} is not a path inside a package")
-    return rel
-
-
 class Target(_Model):
-    path: str = Field(description="Package-relative path, e.g. vllm/compilation/decorators.py")
+    path: str = Field(description="Package-relative path, e.g. vllm/compilation/decorators.py (the engine refuses "
+                                  "'..', '.', empty or absolute parts)")
     pre: str | None = Field(description="sha256 in the pristine image; None: the fix creates the file")
     post: str | None = Field(description="sha256 after this fix alone; None: unknown (no payload) or deleted")
-
-    @field_validator("path")
-    @classmethod
-    def _path_inside(cls, path: str) -> str:
-        return _inside_package(path)
 
 
 class Fix(_Model):
@@ -102,13 +85,6 @@ class Profile(_Model):
     files: dict[str, str | None] = Field(description="Path -> pristine sha256 (None: must be absent)")
     fixes: list[str] = Field(description="Every fix of the profile, opt-in ones included, in pack order")
     notes: str = ""
-
-    @field_validator("files")
-    @classmethod
-    def _files_inside(cls, files: dict[str, str | None]) -> dict[str, str | None]:
-        for rel in files:
-            _inside_package(rel)
-        return files
 
 
 class RequiredFix(_Model):
@@ -172,73 +148,54 @@ class FixPack(_Model):
         return [RequiredFix(id=f.id, opt_in=f.opt_in, why=f.symptom, fix=f) for f in selected.values()]
 
 
-def _read_json(path: Path) -> dict:
+def engine() -> ModuleType:
+    """The pack's engine, ``fixes/fixengine``, loaded by path under its own name (the module apply_all.py loads).
+
+    By path because ``fixes/`` must not go on ``sys.path``: its folders would shadow installed packages."""
+    loaded = sys.modules.get("fixengine")
+    if loaded is not None and Path(loaded.__file__ or "").resolve().parent == ENGINE_DIR:
+        return loaded
+    spec = importlib.util.spec_from_file_location("fixengine", ENGINE_DIR / "__init__.py",
+                                                  submodule_search_locations=[str(ENGINE_DIR)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fixengine"] = module
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FixPackError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(data, dict):
-        raise FixPackError(f"{path}: not a JSON object")
-    return data
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop("fixengine", None)
+        raise
+    return module
 
 
-def load_pack(root: Path | None = None) -> FixPack:
-    """Read fixes/ (or ``root``): the same cross-checks as apply_all.py, raised as FixPackError naming the file."""
-    root = FIXES_DIR if root is None else Path(root)
-    order_file = root / "ORDER"
+def _where(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+
+
+def load_pack(root: Path | None = None, checks: Collection[str] | None = None) -> FixPack:
+    """Read fixes/ (or ``root``) with the engine's loader and type it; any error is a FixPackError naming the file.
+
+    ``checks``: the check registry's names (``cookbook.checks.CHECKS``); given, a fix whose ``check`` names another
+    check is an error naming its fix.json and the field.  Passed in by the caller, because the checks import the
+    recipes, which read this pack."""
+    fixengine = engine()
     try:
-        order = [ln.split("#", 1)[0].strip() for ln in order_file.read_text(encoding="utf-8").splitlines()]
-    except OSError as exc:
-        raise FixPackError(f"{order_file}: unreadable ({exc.strerror})") from None
-    order = [x for x in order if x]
+        raw: Any = fixengine.load_pack(FIXES_DIR if root is None else Path(root), checks)
+    except fixengine.FixError as exc:
+        raise FixPackError(str(exc).removeprefix("pack error: ")) from None
     fixes: dict[str, Fix] = {}
     profiles: dict[str, Profile] = {}
-    for pfile in sorted(root.glob("*/profile.json")):
-        raw = _read_json(pfile)
-        name = raw.get("name")
-        if name != pfile.parent.name:
-            raise FixPackError(f"{pfile}: name {name!r} must equal the folder name")
-        ids = []
-        for ffile in sorted(pfile.parent.glob("*/fix.json")):
-            meta = _read_json(ffile)
-            payload = meta.pop("payload", None)
-            meta.update(profile=name, has_payload=payload is not None)
+    for name, raw_profile in raw.profiles.items():
+        for raw_fix in raw_profile.fixes:
+            meta = {k: v for k, v in raw_fix.meta.items() if k != "payload"}
+            meta.update(profile=name, has_payload=raw_fix.has_payload)
             try:
-                fix = Fix.model_validate(meta)
+                fixes[raw_fix.id] = Fix.model_validate(meta)
             except ValidationError as exc:
-                err = exc.errors()[0]
-                where = ".".join(str(p) for p in err["loc"])
-                raise FixPackError(f"{ffile}: {where}: {err['msg']}") from None
-            if fix.id != ffile.parent.name:
-                raise FixPackError(f"{ffile}: id {fix.id!r} must equal the folder name")
-            if fix.id in fixes:
-                raise FixPackError(f"{ffile}: fix id {fix.id!r} is also in profile {fixes[fix.id].profile}")
-            if fix.id not in order:
-                raise FixPackError(f"{order_file}: fix {fix.id!r} is not listed")
-            if payload is not None and not (ffile.parent / payload).is_file():
-                raise FixPackError(f"{ffile}: payload {payload} is missing")
-            fixes[fix.id] = fix
-            ids.append(fix.id)
-        ids.sort(key=order.index)
+                raise FixPackError(f"{raw_fix.source}: {_where(exc)}") from None
         try:
-            profiles[name] = Profile.model_validate({**raw, "fixes": ids})
+            profiles[name] = Profile.model_validate({**raw_profile.meta, "fixes": [f.id for f in raw_profile.fixes]})
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise FixPackError(f"{pfile}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
-    for fix_id in order:
-        if fix_id not in fixes:
-            raise FixPackError(f"{order_file}: {fix_id!r} names no fix")
-    for fix in fixes.values():
-        for dep in fix.depends_on:
-            if dep not in fixes or fixes[dep].profile != fix.profile:
-                raise FixPackError(f"fix {fix.id!r}: depends on unknown fix {dep!r}")
-            if order.index(dep) > order.index(fix.id):
-                raise FixPackError(f"{order_file}: {fix.id!r} depends on {dep!r}, which comes later")
-        for other in fix.conflicts:
-            if other not in fixes:
-                raise FixPackError(f"fix {fix.id!r}: conflicts with unknown fix {other!r}")
-        for target in fix.targets or []:
-            pristine = profiles[fix.profile].files
-            if target.path not in pristine or pristine[target.path] != target.pre:
-                raise FixPackError(f"fix {fix.id!r}: target {target.path} disagrees with profile {fix.profile}")
-    return FixPack(root=root, order=order, fixes=fixes, profiles=profiles)
+            raise FixPackError(f"{raw.root / name / 'profile.json'}: {_where(exc)}") from None
+    return FixPack(root=raw.root, order=raw.order, fixes=fixes, profiles=profiles)

@@ -32,13 +32,16 @@ def sha(data: bytes) -> str:
 
 
 def load_apply_all() -> ModuleType:
-    """A fresh module object of fixes/apply_all.py (it is a script, not a package)."""
+    """A fresh copy of the engine behind fixes/apply_all.py (the package fixes/fixengine), loaded the way the script
+    loads it: a test may patch its functions (``fsio.replace_file``) without touching another test's copy."""
+    for name in [n for n in sys.modules if n == "fixengine" or n.startswith("fixengine.")]:
+        del sys.modules[name]
     spec = importlib.util.spec_from_file_location("apply_all_under_test", APPLY_ALL)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    engine: ModuleType = script.load_engine()
+    return engine
 
 
 def _lines(n: int, tag: str) -> bytes:
@@ -117,7 +120,7 @@ def unified(rel: str, old: bytes | None, new: bytes) -> str:
 
 def make_pack(root: Path, fixes: list[FixSpec], pristine: dict[str, bytes] | None = None,
               pins: list[dict] | None = None, extra_files: dict[str, bytes | None] | None = None) -> Path:
-    """A pack folder (ORDER + one profile) whose payloads are diffs against ``pristine``."""
+    """A pack folder (one profile with its ORDER) whose payloads are diffs against ``pristine``."""
     pristine = dict(PRISTINE if pristine is None else pristine)
     pack = root / "pack"
     prof = pack / PROFILE
@@ -150,7 +153,7 @@ def make_pack(root: Path, fixes: list[FixSpec], pristine: dict[str, bytes] | Non
                "pins": pins if pins is not None else [{"what": "toypkg 1.0", "dist": "toypkg", "version": "1.0"}],
                "files": files}
     (prof / "profile.json").write_text(json.dumps(profile, indent=2))
-    (pack / "ORDER").write_text("# toy order\n" + "\n".join(s.id for s in fixes) + "\n")
+    (prof / "ORDER").write_text("# toy order\n" + "\n".join(s.id for s in fixes) + "\n")
     return pack
 
 
@@ -182,17 +185,19 @@ def run_tool(pack: Path, site: Path, *args: str, timeout: float = 60, **kw: obje
 
 
 def runner_script(pack: Path, site: Path, args: list[str], inject: str) -> list[str]:
-    """argv for a child Python that loads apply_all, wraps replace_file with ``inject`` code, and runs main()."""
+    """argv for a child Python that loads apply_all's engine, wraps its replace_file with ``inject`` code, and runs
+    main()."""
     code = f"""
 import importlib.util, os, signal, sys, time
 spec = importlib.util.spec_from_file_location("apply_all_child", {str(APPLY_ALL)!r})
-m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)
-orig = m.replace_file
+script = importlib.util.module_from_spec(spec); spec.loader.exec_module(script)
+m = script.load_engine()
+orig = m.fsio.replace_file
 calls = [0]
 def replace_file(src, dst):
     calls[0] += 1
 {inject}
-m.replace_file = replace_file
+m.fsio.replace_file = replace_file
 sys.exit(m.main(["--pack", {str(pack)!r}, "--root", {str(site)!r}, *{args!r}]))
 """
     return [sys.executable, "-c", code]
@@ -206,9 +211,7 @@ def make_v026_standin(root: Path) -> tuple[Path, Path]:
     is the real pack.  Returns (pack, site-packages)."""
     src = APPLY_ALL.parent
     pack = root / "pack"
-    shutil.copytree(src / "v0.26.0", pack / "v0.26.0")
-    (pack / "ORDER").write_text("\n".join(ln for ln in (src / "ORDER").read_text().splitlines()
-                                          if (src / "v0.26.0" / ln.strip()).is_dir()) + "\n")
+    shutil.copytree(src / "v0.26.0", pack / "v0.26.0")  # with its ORDER
     profile = json.loads((pack / "v0.26.0/profile.json").read_text())
     site = root / "site"
     files: dict[str, str | None] = {}

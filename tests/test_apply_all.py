@@ -317,8 +317,8 @@ def test_changed_payload_after_apply_is_a_conflict(env: tuple[Path, Path]) -> No
 def _count_writes(pack: Path, site: Path, args: list[str]) -> int:
     mod = load_apply_all()
     calls = []
-    orig = mod.replace_file
-    mod.replace_file = lambda src, dst: (calls.append(dst), orig(src, dst))[1]
+    orig = mod.fsio.replace_file
+    mod.fsio.replace_file = lambda src, dst: (calls.append(dst), orig(src, dst))[1]
     assert mod.main(["--pack", str(pack), "--root", str(site), *args]) == 0
     return len(calls)
 
@@ -344,7 +344,7 @@ def test_failure_injected_at_every_file_write_restores_everything(tmp_path: Path
         before = snapshot(site)
         ledger_before = (site / STATE / "ledger.json").read_bytes() if action == "revert" else None
         mod = load_apply_all()
-        orig = mod.replace_file
+        orig = mod.fsio.replace_file
         count = [0]
 
         def failing(src: Path, dst: Path, n: int = n) -> None:
@@ -353,7 +353,7 @@ def test_failure_injected_at_every_file_write_restores_everything(tmp_path: Path
                 raise OSError(errno.EIO, "Input/output error (injected)", str(dst))
             orig(src, dst)
 
-        mod.replace_file = failing
+        mod.fsio.replace_file = failing
         code = mod.main(["--pack", str(pack), "--root", str(site), *args])
         err = capsys.readouterr().err
         assert code == 4, (n, err)
@@ -435,62 +435,101 @@ def test_repair_refuses_a_file_changed_after_the_kill(tmp_path: Path) -> None:
 
 # -- two runs at once ---------------------------------------------------------------------------------------
 
-def _holding(site: Path) -> str:
-    """Inject code: at its first rename (lock held, mid-write) the run says so in a file, then waits for a release
-    file: the other run is started while this one provably holds the lock, whatever the machine's load."""
-    held, release = site.parent / "held", site.parent / "release"
-    return (f"    if calls[0] == 1:\n"
-            f"        open({str(held)!r}, 'w').close()\n"
-            f"        deadline = time.monotonic() + 120\n"
-            f"        while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
-            f"            time.sleep(0.02)\n"
-            f"    orig(src, dst)\n")
+class Holder:
+    """A first run that holds the lock mid-write until the test releases it, ordered by two pipes, never by sleeping.
+
+    At its first rename (lock held) the child writes to the ``held`` pipe, then blocks reading the ``release`` pipe.
+    The test reads ``held``: it returns once the lock is held, or empty when the child died first (never a hang).
+    Releasing writes one byte; if the test fails first, closing its end releases the child as well."""
+
+    def __init__(self, pack: Path, site: Path) -> None:
+        held_r, held_w = os.pipe()
+        release_r, release_w = os.pipe()
+        inject = (f"    if calls[0] == 1:\n"
+                  f"        os.write({held_w}, b'held')\n"
+                  f"        os.close({held_w})\n"
+                  f"        os.read({release_r}, 1)\n"
+                  f"    orig(src, dst)\n")
+        self.proc = subprocess.Popen(runner_script(pack, site, PROFILE, inject), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, pass_fds=(held_w, release_r))
+        os.close(held_w)
+        os.close(release_r)
+        self._held, self._release = held_r, release_w
+
+    def wait_held(self) -> None:
+        with os.fdopen(self._held, "rb") as held:
+            said = held.read()
+        assert said == b"held", f"the first run ended before holding the lock: {self.proc.communicate()}"
+
+    def release(self) -> tuple[str, str]:
+        if self._release >= 0:
+            os.write(self._release, b"r")
+            os.close(self._release)
+            self._release = -1
+        return self.proc.communicate(timeout=60)
 
 
 def test_concurrent_runs_one_waits(env: tuple[Path, Path]) -> None:
     pack, site = env
-    first = subprocess.Popen(runner_script(pack, site, PROFILE, _holding(site)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    _wait_for(site.parent / "held")
-    err = site.parent / "second.err"
-    with open(err, "w") as err_fh:
+    first = Holder(pack, site)
+    try:
+        first.wait_held()
         argv = [sys.executable, str(APPLY_ALL), "--pack", str(pack), "--root", str(site), *PROFILE]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        second = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_fh, text=True, env=env)
-        deadline = time.monotonic() + 60
-        while "waiting for" not in err.read_text():  # the second run is blocked on the lock
-            assert second.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, "the second run never waited for the lock"
-            time.sleep(0.02)
-        (site.parent / "release").touch()
-        out2, _ = second.communicate(timeout=60)
-    out1, err1 = first.communicate(timeout=60)
-    assert first.returncode == 0, err1
+        second = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert second.stderr is not None
+        said = ""
+        while "waiting for" not in said:  # each readline returns once the second run says a line, "" if it ended
+            line = second.stderr.readline()
+            assert line, said + "(the second run ended without waiting for the lock)"
+            said += line
+        assert second.poll() is None  # it cannot finish while the first holds the lock
+    finally:
+        out1, err1 = first.release()
+    out2, err2 = second.communicate(timeout=60)
+    assert first.proc.returncode == 0, err1
     assert "applied 3 fixes" in out1
-    assert second.returncode == 0, err.read_text()
+    assert second.returncode == 0, said + err2
     assert "already applied" in out2
     assert code_files(site) == expected_applied()
 
 
 def test_concurrent_run_gives_up_cleanly_after_the_lock_timeout(env: tuple[Path, Path]) -> None:
     pack, site = env
-    first = subprocess.Popen(runner_script(pack, site, PROFILE, _holding(site)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    _wait_for(site.parent / "held")
-    second = run_tool(pack, site, *PROFILE, "--lock-timeout", "0.2")
-    (site.parent / "release").touch()
-    first.communicate(timeout=60)
-    assert first.returncode == 0
+    first = Holder(pack, site)
+    try:
+        first.wait_held()
+        second = run_tool(pack, site, *PROFILE, "--lock-timeout", "0.2")
+    finally:
+        first.release()
+    assert first.proc.returncode == 0
     assert second.returncode == 4
     assert "another apply_all.py run holds" in second.stderr.splitlines()[-1]
     assert code_files(site) == expected_applied()
 
 
-def _wait_for(path: Path, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+# -- the entry point in a bare interpreter -------------------------------------------------------------------
+
+def test_the_script_runs_in_a_bare_interpreter_from_any_folder(env: tuple[Path, Path], tmp_path: Path) -> None:
+    """The Launch blocks run apply_all.py in a bare image: no site-packages (-S), no user or environment paths (-I),
+    any working directory. The engine package beside the script is found all the same, and cookbook is not."""
+    pack, site = env
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bare = [sys.executable, "-I", "-S"]
+    assert subprocess.run([*bare, "-c", "import cookbook"], cwd=elsewhere, capture_output=True).returncode != 0
+    r = subprocess.run([*bare, str(APPLY_ALL), "--pack", str(pack), "--root", str(site), *PROFILE], cwd=elsewhere,
+                       capture_output=True, text=True, timeout=60, env={})
+    assert r.returncode == 0, r.stderr
+    assert "applied 3 fixes (f1, f2, f3)" in r.stdout
+    assert code_files(site) == expected_applied()
+
+
+def test_the_pack_folder_never_stays_on_the_path() -> None:
+    """fixes/ holds folders (profiles, tools) that must never shadow an installed package the engine looks up."""
+    engine = load_apply_all()
+    assert Path(engine.__file__).parent == APPLY_ALL.parent / "fixengine"
+    assert str(APPLY_ALL.parent) not in sys.path
 
 
 # -- a read-only target ------------------------------------------------------------------------------------

@@ -276,9 +276,7 @@ def _image_copy(tmp_path: Path) -> tuple[Path, Path]:
         (site / dist.name).mkdir(parents=True)
         shutil.copy2(dist / "METADATA", site / dist.name / "METADATA")
     pack = tmp_path / "pack"
-    shutil.copytree(CPU, pack / "cpu-0.32.0")
-    order = [ln for ln in (APPLY_ALL.parent / "ORDER").read_text().splitlines() if (CPU / ln.strip()).is_dir()]
-    (pack / "ORDER").write_text("\n".join(order) + "\n")
+    shutil.copytree(CPU, pack / "cpu-0.32.0")  # with its ORDER
     return site, pack
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cookbook import fixpack
+from cookbook.checks import CHECKS
 from cookbook.errors import FixPackError
 from cookbook.recipes import load_recipe
 from fixpack_helpers import load_apply_all
@@ -42,11 +43,12 @@ def test_profiles_and_fixes(pack: fixpack.FixPack) -> None:
 
 
 def test_every_fix_names_a_known_check_or_a_probe(pack: fixpack.FixPack) -> None:
+    fixpack.load_pack(checks=CHECKS)  # the loader's own check against the registry
     for fix in pack.fixes.values():
         if isinstance(fix.check, fixpack.Probe):
             assert fix.check.probe.strip(), fix.id
         else:
-            assert fix.check in fixpack.CHECK_NAMES, f"{fix.id}: unknown check {fix.check!r}"
+            assert fix.check in CHECKS, f"{fix.id}: unknown check {fix.check!r}"
     v026 = [pack.fix(f) for f in pack.profile("v0.26.0").fixes]
     assert all(isinstance(f.check, str) for f in v026)  # the Gaudi fixes point at suite checks
 
@@ -116,7 +118,7 @@ def _copy_pack(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("breakage", ["order-missing", "dep-later", "bad-kind", "bad-target", "outside-target"])
 def test_broken_packs_fail_in_both_readers(tmp_path: Path, breakage: str) -> None:
     root = _copy_pack(tmp_path)
-    order = root / "ORDER"
+    order = root / "v0.26.0" / "ORDER"
     if breakage == "order-missing":
         order.write_text(order.read_text().replace("seeded-sampling\n", ""))
     elif breakage == "dep-later":
@@ -144,6 +146,35 @@ def test_broken_packs_fail_in_both_readers(tmp_path: Path, breakage: str) -> Non
     with pytest.raises(apply_all.FixError) as err:
         apply_all.load_pack(root)
     assert err.value.code == 1 and str(err.value).startswith("pack error: ")
+
+
+def test_a_check_not_in_the_registry_is_an_error_naming_file_and_field(tmp_path: Path) -> None:
+    root = _copy_pack(tmp_path)
+    path = root / "cpu-0.32.0" / "vllm-cpu-version" / "fix.json"
+    meta = json.loads(path.read_text())
+    meta["check"] = "known-answers"  # a typo of a registered check
+    path.write_text(json.dumps(meta))
+    with pytest.raises(FixPackError) as err:
+        fixpack.load_pack(root, checks=CHECKS)
+    assert str(err.value).startswith(f"{path}: field 'check': 'known-answers' is not a check")
+    apply_all = load_apply_all()
+    with pytest.raises(apply_all.FixError) as raw_err:
+        apply_all.load_pack(root, checks=set(CHECKS))
+    assert raw_err.value.code == 1 and str(raw_err.value).startswith(f"pack error: {path}: field 'check'")
+    fixpack.load_pack(root)  # without the registry (the bare image's case) the name is not judged
+
+
+def test_the_order_is_per_profile(tmp_path: Path) -> None:
+    assert not (fixpack.FIXES_DIR / "ORDER").exists()
+    root = _copy_pack(tmp_path)
+    stray = root / "v0.26.0" / "ORDER"
+    stray.write_text(stray.read_text() + "vllm-cpu-version\n")  # a fix of another profile
+    with pytest.raises(FixPackError, match=r"v0\.26\.0/ORDER: 'vllm-cpu-version' names no fix of profile v0\.26\.0"):
+        fixpack.load_pack(root)
+    stray.write_text(stray.read_text().replace("vllm-cpu-version\n", ""))
+    (root / "ORDER").write_text("seeded-sampling\n")  # the old pack-wide file: refused, not half-read
+    with pytest.raises(FixPackError, match="each profile keeps its own"):
+        fixpack.load_pack(root)
 
 
 def test_both_readers_agree_on_the_real_pack(pack: fixpack.FixPack) -> None:
