@@ -27,7 +27,8 @@ from .launch import RUNS_DIR, Server, attach, new_run_dir
 from .pages import render_page, write_atomic
 from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
 from .results import (
-    CheckResult, Evidence, Hardware, RunResults, check_output_path, now, read_results, run_hardware, write_results,
+    CheckResult, Evidence, Hardware, RunResults, check_output_path, now, parse_hardware, read_results, run_hardware,
+    write_results,
 )
 from .secrets import current_secrets, scrub, scrubbed_logs, strip_url_credentials
 
@@ -49,16 +50,6 @@ Say = Callable[[str], None]
 
 # ---------------------------------------------------------------------------------------------------------------
 # The notebook side
-
-
-def parse_hardware(text: str | None) -> Hardware | None:
-    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`) as given to --hardware or the HARDWARE parameter."""
-    if not text:
-        return None
-    kind, sep, description = text.partition(":")
-    if not sep or not kind.strip() or not description.strip():
-        raise CookbookError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
-    return Hardware(kind=kind.strip(), description=description.strip())
 
 
 def default_out_dir(recipe: Recipe) -> Path:

