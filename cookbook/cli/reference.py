@@ -10,6 +10,7 @@ import sys
 
 from ..errors import UsageError
 from ..recipes import load_recipe
+from ..reference import record
 from ._common import add_out_arg, add_recipe_arg, out_file
 
 EXAMPLES = """
