@@ -43,13 +43,14 @@ def resolve_recipe_flag(args: argparse.Namespace) -> None:
         return
     if args.recipe is not None and args.recipe != flag:
         raise UsageError(f"--recipe: {flag!r} and RECIPE {args.recipe!r} disagree; give the recipe once, first")
-    deprecated("--recipe ID", f"give the recipe first: `cookbook {args.command} {flag} ...`")
-    args.recipe = flag
+    deprecated("--recipe ID", f"give the recipe first: `cookbook {getattr(args, 'command', None) or 'verify'} {flag} ...`")
+    args.recipe, args.recipe_flag = flag, None
 
 
 def recipe_from(args: argparse.Namespace) -> Recipe | None:
     from ..recipes import load_recipe
 
+    resolve_recipe_flag(args)  # also when a command's run() is called with a parser built by hand
     return load_recipe(args.recipe) if getattr(args, "recipe", None) else None
 
 

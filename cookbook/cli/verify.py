@@ -34,6 +34,11 @@ EXAMPLES = """
 """
 
 
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """The `verify` subparser on a parser built by hand (tests do); `cookbook` itself builds it from its table."""
+    configure(subparsers.add_parser("verify"))
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_server_args(parser)
     parser.add_argument("--checks", metavar="A,B", help="checks or groups (core, long-context, ...); default: every check that applies to the recipe "
