@@ -91,6 +91,18 @@ def test_an_internal_error_is_one_line_and_a_traceback_file(monkeypatch: pytest.
     where.unlink()
 
 
+def test_a_command_that_does_not_import_is_an_internal_error(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A module renamed without its table entry: said in one line, exit 4, never a missing subcommand."""
+    from cookbook.cli import _commands
+
+    monkeypatch.setitem(_commands.COMMANDS, "renamed", "a command whose module is gone")
+    assert main(["renamed"]) == EXIT_INTERNAL
+    err = _err_lines(capsys)
+    assert len(err) == 1 and "ModuleNotFoundError" in err[0] and "cookbook.cli.renamed" in err[0]
+    Path(err[0].rsplit("traceback in ", 1)[1].rstrip(")")).unlink()
+
+
 def test_interrupted_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     recipe_cli = importlib.import_module("cookbook.cli.recipe")
 

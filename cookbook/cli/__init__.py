@@ -62,7 +62,10 @@ def _command_in(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(argv)
-    parser = build_parser(command if command in COMMANDS else None)
+    try:
+        parser = build_parser(command if command in COMMANDS else None)
+    except Exception as exc:  # a listed command whose module does not import: a bug, said as one
+        return _internal_error(exc)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) and argparse's usage errors (2)
@@ -79,10 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:  # a bug: one line here, the whole traceback in a file for the report
-        where = _write_traceback(exc)
-        print(f"internal error: {type(exc).__name__}: {str(exc)[:300]} (a bug; traceback in {where})", file=sys.stderr)
-        return EXIT_INTERNAL
+    except Exception as exc:
+        return _internal_error(exc)
     finally:
         sys.stdout, sys.stderr = out, err
 
@@ -95,6 +96,13 @@ def _common_checks(args: argparse.Namespace) -> None:
     url = getattr(args, "base_url", None)
     if url and "://" not in url and re.fullmatch(r"[\w.\-\[\]:]+(/\S*)?", url):  # localhost:8000, gaudi-box
         raise UsageError(f"--base-url: {url!r} has no scheme; did you mean http://{url.lstrip('/')} ?")
+
+
+def _internal_error(exc: BaseException) -> int:
+    """A bug: one line on stderr, the whole traceback in a file for the report, exit 4."""
+    where = _write_traceback(exc)
+    print(f"internal error: {type(exc).__name__}: {str(exc)[:300]} (a bug; traceback in {where})", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def _write_traceback(exc: BaseException) -> str:
