@@ -191,6 +191,17 @@ def test_recipe_flag_is_a_deprecated_alias_that_warns_once(capsys: pytest.Captur
         resolve_recipe_flag(argparse.Namespace(command="verify", recipe=GAUDI, recipe_flag=CPU))
 
 
+def test_verify_on_a_parser_built_by_hand_still_takes_recipe_flag() -> None:
+    """tests/test_engine_states.py builds verify's parser itself and calls run(): --recipe must reach the recipe."""
+    from cookbook.cli import verify
+    from cookbook.cli._common import recipe_from
+
+    parser = argparse.ArgumentParser()
+    verify.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["verify", "--launch", "--recipe", CPU, "--checks", "known-answer"])
+    assert recipe_from(args).id == CPU  # type: ignore[union-attr]
+
+
 def test_the_recipe_comes_first_in_every_command_that_takes_one() -> None:
     for argv in (["verify", CPU], ["bench", CPU], ["run", CPU], ["serve", CPU], ["page", CPU], ["doctor", CPU],
                  ["reference", "record", CPU], ["k8s", "render", CPU], ["recipe", "show", CPU]):
