@@ -27,13 +27,13 @@ class FixPackError(CookbookError):
 class SetupError(CookbookError):
     """Building the CPU image, the cookbook environment or a model failed."""
 
-    exit_code = 1
+    exit_code = 5
 
 
 class LaunchError(CookbookError):
     """The server did not come up; carries the tail of its log."""
 
-    exit_code = 1
+    exit_code = 5
 
     def __init__(self, message: str, log_tail: list[str] | None = None) -> None:
         super().__init__(message)
@@ -48,6 +48,8 @@ class ServerError(CookbookError):
 
 class ServerDown(ServerError):
     """The server stopped answering (connection refused or /health failing)."""
+
+    exit_code = 3
 
 
 class ResultsError(CookbookError):
@@ -64,3 +66,32 @@ class UsageError(CookbookError):
 
 class RequestTimeout(ServerError):
     """A request got no complete answer within its wall-clock deadline (or the run's budget ran out)."""
+
+
+# -- exit codes: the one table the CLI, `cookbook --help` and docs/cli.md show ---------------------------------------
+
+EXIT_OK = 0
+EXIT_NOT_MET = 1  # the command ran and a check, a limit or a comparison did not meet what was expected
+EXIT_USAGE = 2  # a flag, a recipe or a results file that cannot be used; nothing was run
+EXIT_UNREACHABLE = 3  # the server does not answer
+EXIT_INTERNAL = 4  # a bug: an exception nobody raised on purpose
+EXIT_RUN_FAILED = 5  # the run itself broke: a notebook failed, the server did not come up
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok: everything ran and met the recipe",
+    EXIT_NOT_MET: "checks not met (a failed check, a regression, a recipe that cannot run here)",
+    EXIT_USAGE: "usage error: a bad flag or value, a missing or invalid recipe or results file; nothing ran",
+    EXIT_UNREACHABLE: "server unreachable (--base-url does not answer)",
+    EXIT_INTERNAL: "internal error: a bug; the traceback is written to a file named on stderr",
+    EXIT_RUN_FAILED: "the run failed: a notebook failed, the server did not come up, setup failed",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+def exit_code_for(exc: CookbookError) -> int:
+    """The exit code of an error the cookbook raised on purpose: its class's, except that a plain CookbookError
+    whose message names a flag (`--out: ...`, the hierarchy's convention) is the command line's fault, a usage error."""
+    if type(exc) is CookbookError and str(exc).startswith("--"):
+        return EXIT_USAGE
+    return int(exc.exit_code)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import CookbookError, ResultsError
+from .errors import ResultsError, UsageError
 
 SCHEMA_VERSION = 1
 
@@ -69,12 +69,13 @@ class Hardware(BaseModel):
 
 
 def parse_hardware(text: str | None) -> Hardware | None:
-    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`) as given to --hardware or the HARDWARE parameter."""
+    """`KIND:DESCRIPTION` (e.g. `gaudi2:four Gaudi 2 cards`), the one syntax of every --hardware flag, the HARDWARE
+    notebook parameter and the Kubernetes option: the kind is stated, never guessed from the words."""
     if not text:
         return None
     kind, sep, description = text.partition(":")
     if not sep or not kind.strip() or not description.strip():
-        raise CookbookError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
+        raise UsageError(f"--hardware: expected KIND:DESCRIPTION (e.g. gaudi2:four Gaudi 2 cards), got {text!r}")
     return Hardware(kind=kind.strip(), description=description.strip())
 
 
@@ -221,7 +222,6 @@ def read_results(path: Path) -> RunResults:
 def check_output_path(path: Path | None, flag: str, folder: bool = False) -> None:
     """Refuse, before any work starts, an output that could not be written: a file path that is a folder, a folder
     that is a file, a path under a file, or a place this user cannot write. One line naming the flag, exit 2."""
-    from .errors import UsageError
 
     if path is None:
         return

@@ -121,17 +121,17 @@ def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(cpu_server:
 def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     from cookbook.cli import main
 
-    assert main(["run"]) == 1
+    assert main(["run"]) == 2
     assert "give a recipe id, or --all" in capsys.readouterr().err
-    assert main(["run", CPU, "--all"]) == 1
-    assert main(["run", CPU, "--param", "x=1"]) == 1
+    assert main(["run", CPU, "--all"]) == 2
+    assert main(["run", CPU, "--param", "x=1"]) == 2
     assert "--param" in capsys.readouterr().err
     assert main(["run", "no/such-recipe"]) == 2
-    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--hardware", "gaudi2"]) == 1
+    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--hardware", "gaudi2"]) == 2
     assert "--hardware" in capsys.readouterr().err
-    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--param", "NOPE=1"]) == 1
+    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--param", "NOPE=1"]) == 2
     assert "--param: NOPE is not a parameter of the notebooks run (they take: " in capsys.readouterr().err
-    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--notebooks", "nope"]) == 1
+    assert main(["run", CPU, "--base-url", "http://127.0.0.1:9", "--notebooks", "nope"]) == 2
     assert "--notebooks: unknown notebook 'nope'" in capsys.readouterr().err
 
 
@@ -139,9 +139,9 @@ def test_demo_refuses_a_used_out_folder_before_building_anything(tmp_path: Path,
     from cookbook.cli import main
 
     (tmp_path / "old.txt").write_text("x")
-    assert main(["demo", "--out", str(tmp_path)]) == 1
+    assert main(["demo", "--out", str(tmp_path)]) == 2
     assert f"--out: {tmp_path} exists and is not an empty folder" in capsys.readouterr().err
-    assert main(["demo", "--out", str(tmp_path / "new"), "--notebooks", "nope"]) == 1
+    assert main(["demo", "--out", str(tmp_path / "new"), "--notebooks", "nope"]) == 2
     assert not (tmp_path / "new").exists()
 
 

@@ -69,4 +69,4 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", str(b), str(worse)]) == 1
     assert main(["compare", str(a), str(tmp_path / "nope")]) == 2
     assert "nope" in capsys.readouterr().err
-    assert main(["compare", str(a), str(b), "--threshold", "-1"]) == 1
+    assert main(["compare", str(a), str(b), "--threshold", "-1"]) == 2

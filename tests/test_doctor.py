@@ -173,5 +173,5 @@ def test_a_ready_gaudi_box_passes(tmp_path: Path) -> None:
 
 
 def test_doctor_cli_bad_image_python(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["doctor", CODER, "--image-python", "/no/such/python"]) == 1
+    assert main(["doctor", CODER, "--image-python", "/no/such/python"]) == 2
     assert "--image-python" in capsys.readouterr().err

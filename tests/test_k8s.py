@@ -473,8 +473,8 @@ def test_a_fleet_never_writes_url_credentials_into_a_config_map(tmp_path: Path) 
 
 
 def test_the_render_command_takes_a_recipe_or_a_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["k8s", "render", "--out", str(tmp_path / "a")]) == 1
-    assert main(["k8s", "render", "Qwen/Qwen3-Coder-Next", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "b")]) == 1
+    assert main(["k8s", "render", "--out", str(tmp_path / "a")]) == 2
+    assert main(["k8s", "render", "Qwen/Qwen3-Coder-Next", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "b")]) == 2
     assert "give a recipe id or --fleet FILE" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert main(["k8s", "render", "--fleet", str(FLEET_EXAMPLE), "--out", str(tmp_path / "c")]) == 0

@@ -307,7 +307,7 @@ def test_reference_record_refuses_bad_input_in_one_line_and_writes_nothing(capsy
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no local checkpoint" in err and "--base-url" in err
     assert not golden_path(seed).exists()
-    assert main(["reference", "record", "Qwen/Qwen3-Coder-Next", "--from", "computed", "--base-url", "http://127.0.0.1:9"]) == 1
+    assert main(["reference", "record", "Qwen/Qwen3-Coder-Next", "--from", "computed", "--base-url", "http://127.0.0.1:9"]) == 2
     assert "choose one source" in capsys.readouterr().err
     assert main(["reference", "record", "no/such-recipe"]) == 2
     assert main(["reference", "record", "Qwen/Qwen3-Coder-Next", "--base-url", "http://127.0.0.1:9"]) == 1

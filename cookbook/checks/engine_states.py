@@ -708,8 +708,8 @@ def plan_preemption(layout: EngineLayout, max_tokens: int = 32) -> PreemptionPla
                                   pool_blocks=pool_blocks, offered_blocks=n * per_request)
     return (f"the KV pool ({layout.kv_pool_tokens:,} tokens, {pool_blocks} blocks of {block}) holds {n} requests "
             f"(--max-num-seqs) of up to {format_tokens(layout.max_model_len)} tokens (the server's context): no load it "
-            "accepts can make it preempt; start a server with a small pool (e.g. `cookbook verify --launch "
-            "--launch-profile engine-states`)")
+            "accepts can make it preempt; start a server with a small pool (e.g. `cookbook verify RECIPE "
+            "--launch --launch-profile engine-states`)")
 
 
 class PreemptionReport(BaseModel):

@@ -1,4 +1,4 @@
-"""`cookbook bench --base-url URL [--recipe ID] [--workloads table,sweep] ...`: the Performance table, its detail,
+"""`cookbook bench [RECIPE] --base-url URL [--workloads table,sweep] [--out DIR]`: the Performance table, its detail,
 the sweep and the roofline, printed; optionally as results JSON and PNG figures."""
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from ..results import parse_hardware
 from ..bench import TABLE, WORKLOADS, BenchConfig, format_report, run_performance_table
 from ..errors import UsageError
 from ..plots import save_run_plots
 from ..endpoint import Deadline
-from ..results import check_output_path, write_results
+from ..results import check_output_path, parse_hardware, write_results
 from ..roofline import roofline_rows
-from ._common import add_server_args, endpoint_from, recipe_from
+from ._common import add_hardware_arg, add_out_arg, add_server_args, endpoint_from, recipe_from
 
 
 def _ints(text: str) -> list[int]:
@@ -35,8 +34,14 @@ def _workloads(text: str) -> list[str]:
     return names
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="throughput and latency: the Performance table, a sweep, the roofline")
+EXAMPLES = """
+  cookbook bench HuggingFaceTB/SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000 --workloads single,streams
+  cookbook bench Qwen/Qwen3-Coder-Next --base-url http://gaudi-box:8000 --workloads table,sweep \\
+      --hardware "gaudi2:four Gaudi 2 cards" --out runs/qwen-bench
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     add_server_args(parser)
     parser.add_argument("--workloads", type=_workloads, default=list(TABLE),
                         help="comma-separated: table (= single,streams,cold), single, streams, cold, sweep (default table)")
@@ -47,10 +52,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one short request may take (default 300)")
     parser.add_argument("--budget", type=float, default=3600.0, metavar="S",
                         help="wall-clock seconds the whole run may take; workloads past it are not measured (default 3600)")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="write the results (the shared RunResults schema) here")
-    parser.add_argument("--plots", type=Path, metavar="DIR", help="write throughput.png, latency.png, roofline.png here")
-    parser.add_argument("--hardware", metavar="KIND:DESCRIPTION",
-                        help="what serves the model, e.g. 'gaudi2:four Gaudi 2 cards' (default: this machine for CPU recipes)")
+    add_out_arg(parser, "results.json, throughput.png, latency.png, roofline.png")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results (the shared RunResults schema) to this file")
+    parser.add_argument("--plots", type=Path, metavar="DIR", help="write throughput.png, latency.png, roofline.png in this folder")
+    add_hardware_arg(parser)
     parser.set_defaults(run=run)
 
 
@@ -60,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--timeout", args.timeout), ("--budget", args.budget)):
         if not (math.isfinite(value) and value > 0):
             raise UsageError(f"{flag}: must be a positive number of seconds, got {value}")
+    check_output_path(args.out, "--out", folder=True)
+    if args.out is not None:  # --out DIR: the results and the figures in one folder
+        args.json, args.plots = args.json or args.out / "results.json", args.plots or args.out
     check_output_path(args.json, "--json")  # before any request: a run's figures must have somewhere to go
     check_output_path(args.plots, "--plots", folder=True)
+    hardware = parse_hardware(args.hardware)  # a bad --hardware fails before any request
     recipe = recipe_from(args)
     endpoint = endpoint_from(args, recipe)
     endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)  # /tokenize, /metrics: bounded like a request
@@ -70,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout
     )
     say = lambda line: print(f"bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
-    results = run_performance_table(endpoint, recipe, config, parse_hardware(args.hardware), args.workloads, say)
+    results = run_performance_table(endpoint, recipe, config, hardware, args.workloads, say)
     if args.json:  # what was measured is written first, whatever happens to the plots
         write_results(results, args.json)
     if args.plots:

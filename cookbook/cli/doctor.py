@@ -5,14 +5,19 @@ import argparse
 from pathlib import Path
 
 from ..doctor import diagnose, failed
-from ..errors import CookbookError
+from ..errors import UsageError
 from ..image import ImageEnv
 from ..recipes import load_recipe
+from ._common import add_recipe_arg
+
+EXAMPLES = """
+  cookbook doctor                               # this box alone
+  cookbook doctor Qwen/Qwen3-Coder-Next         # can this box run the recipe? exit 1 if not
+"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("doctor", help="what a recipe needs against what this box has, one line each")
-    parser.add_argument("recipe", metavar="ID", nargs="?", help="recipe id or path (omit: the box alone)")
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_recipe_arg(parser, optional=True, help="recipe id or path (omit: the box alone)")
     parser.add_argument("--port", type=int, default=8000, help="the port the server will use (default 8000)")
     parser.add_argument("--image-python", type=Path, metavar="PATH",
                         help="the serving image's interpreter (default: the CPU image for CPU recipes, else python3 here)")
@@ -24,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     image = None
     if args.image_python is not None:
         if not args.image_python.is_file():
-            raise CookbookError(f"--image-python: {args.image_python} is not a file")
+            raise UsageError(f"--image-python: {args.image_python} is not a file")
         image = ImageEnv(python=args.image_python, bin_dir=args.image_python.parent)
     lines = diagnose(recipe, port=args.port, image=image)
     for line in lines:

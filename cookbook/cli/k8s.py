@@ -6,18 +6,24 @@ from pathlib import Path
 
 from ..k8s import (DEFAULT_COOKBOOK_IMAGE, DEFAULT_SECRET, DEFAULT_STARTUP_BUDGET_S, RUNS_SIZE, make_options,
                    render_fleet, render_recipes, write_manifests)
-from ..errors import CookbookError
+from ..errors import UsageError
 from ..recipes import load_recipe
+from ._common import add_hardware_arg, add_out_arg, add_recipe_arg
+
+EXAMPLES = """
+  cookbook k8s render Qwen/Qwen3-Coder-Next --out k8s --namespace llm --hardware "gaudi2:four Gaudi 2 cards"
+  kubectl apply -f k8s/qwen3-coder-next/
+  cookbook k8s render --fleet docs/examples/fleet-gaudi.yaml --out k8s --namespace llm
+"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("k8s", help="Kubernetes manifests: a recipe's server, its Service and a validation Job")
+def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="k8s_command", required=True, metavar="ACTION")
     render = sub.add_parser("render", help="write the manifests of a recipe under --out/<name>/ (see docs/kubernetes.md)")
-    render.add_argument("recipe", metavar="ID", nargs="?", help="recipe id or path (or --fleet)")
+    add_recipe_arg(render, optional=True, help="recipe id or path (or --fleet FILE)")
     render.add_argument("--fleet", type=Path, metavar="FILE",
                         help="a fleet file: each launch: true entry's server, and one Job running `cookbook run --fleet`")
-    render.add_argument("--out", type=Path, default=Path("k8s"), help="folder to write into (default ./k8s)")
+    add_out_arg(render, "the manifests, one folder per recipe (and fleet/ for a fleet's run Job)", default="k8s")
     render.add_argument("--image", help="the server image (default <kind>:<tag> from the recipe, e.g. vllm-gaudi:v0.26.0)")
     render.add_argument("--cookbook-image", help=f"the image holding this checkout at /cookbook (default {DEFAULT_COOKBOOK_IMAGE})")
     render.add_argument("--name", help="base name of the objects (default from the recipe id)")
@@ -29,8 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     render.add_argument("--shm-size", metavar="SIZE", help="/dev/shm limit (default 4Gi per Gaudi card, 1Gi on CPU)")
     render.add_argument("--startup-budget", type=int, metavar="SECONDS",
                         help=f"how long the server may take to answer /health (default {DEFAULT_STARTUP_BUDGET_S})")
-    render.add_argument("--hardware", metavar="KIND:DESCRIPTION",
-                        help="what serves the recipe, for the run's results, e.g. 'gaudi2:four Gaudi 2 cards'")
+    add_hardware_arg(render, "what serves the recipe, for the run's results", default="not stated")
     render.add_argument("--port", type=int, help="the Service's port (default 8000)")
     render.set_defaults(run=run_render)
 
@@ -42,7 +47,7 @@ def run_render(args: argparse.Namespace) -> int:
         shm_size=args.shm_size, startup_budget_s=args.startup_budget, hardware=args.hardware, port=args.port,
     )
     if bool(args.recipe) == bool(args.fleet):
-        raise CookbookError("k8s render: give a recipe id or --fleet FILE (one of them)")
+        raise UsageError("k8s render: give a recipe id or --fleet FILE (one of them)")
     if args.fleet:
         from ..fleet_file import load_fleet
 

@@ -1,4 +1,4 @@
-"""`cookbook page RECIPE [--results results.json] [--out FILE]`: the recipe page in Markdown."""
+"""`cookbook page RECIPE [--results RUN_DIR|results.json] [--out DIR]`: the recipe page in Markdown."""
 from __future__ import annotations
 
 import argparse
@@ -6,21 +6,26 @@ from pathlib import Path
 
 from ..pages import default_results, render_page, write_atomic
 from ..recipes import load_recipe
-from ..results import check_output_path, read_results
+from ..results import read_results
+from ._common import add_out_arg, add_recipe_arg, out_file
+
+EXAMPLES = """
+  cookbook page Qwen/Qwen3-Coder-Next                                   # printed, with the recipe's published results
+  cookbook page HuggingFaceTB/SmolLM2-135M-Instruct --results runs/2026-12-01-smol --out runs/2026-12-01-smol
+"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("page", help="render a recipe page (Markdown) from the recipe and a run's results")
-    parser.add_argument("recipe", metavar="ID")
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_recipe_arg(parser)
     parser.add_argument(
         "--results", type=Path, help="a run's results.json or run folder (default: the results.json beside the recipe)"
     )
-    parser.add_argument("--out", type=Path, help="write the page here instead of printing it")
+    add_out_arg(parser, "write page.md in it instead of printing the page")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output_path(args.out, "--out")
+    out = out_file(args.out, "page.md", ".md")  # before anything is read: the page must have somewhere to go
     recipe = load_recipe(args.recipe)
     if args.results is not None:
         path = args.results / "results.json" if args.results.is_dir() else args.results
@@ -28,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         results = default_results(recipe)
     text = render_page(recipe, results)
-    if args.out:
-        write_atomic(args.out, text)
-        print(f"wrote {args.out}")
+    if out is not None:
+        write_atomic(out, text)
+        print(f"wrote {out}")
     else:
         print(text, end="")
     return 0

@@ -8,24 +8,32 @@ from pathlib import Path
 import yaml
 
 from ..recipes import list_recipes, load_recipe, render_launch_block, shown_recipe
+from ._common import add_recipe_arg
+
+EXAMPLES = """
+  cookbook recipe list
+  cookbook recipe show HuggingFaceTB/SmolLM2-135M-Instruct
+  cookbook recipe validate recipes/Qwen/Qwen3-Coder-Next/recipe.yaml   # exit 0, or 2 naming file and field
+  cookbook recipe launch-script Qwen/Qwen3-Coder-Next
+  cookbook recipe container Qwen/Qwen3-Coder-Next --devices 0,1,2,3
+"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("recipe", help="list, show, validate recipes and print launch blocks")
+def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="recipe_command", required=True, metavar="ACTION")
     sub.add_parser("list", help="every recipe: id, hardware, image").set_defaults(run=_list)
     show = sub.add_parser("show", help="a recipe as validated YAML")
-    show.add_argument("recipe", metavar="ID")
+    add_recipe_arg(show)
     show.set_defaults(run=_show)
     validate = sub.add_parser(
         "validate", help="schema, fix pack and the seeds' What-not-to-do rules: exit 0 if valid (warnings shown), else 2")
-    validate.add_argument("recipe", metavar="PATH|ID")
+    add_recipe_arg(validate)
     validate.set_defaults(run=_validate)
     script = sub.add_parser("launch-script", help="the recipe's Launch block, as the recipe page shows it")
-    script.add_argument("recipe", metavar="ID")
+    add_recipe_arg(script)
     script.set_defaults(run=_launch_script)
     container = sub.add_parser("container", help="the `docker run` that starts a Gaudi recipe's vllm-gaudi container")
-    container.add_argument("recipe", metavar="ID")
+    add_recipe_arg(container)
     container.add_argument("--image", help="the vllm-gaudi image (default vllm-gaudi:<the recipe's tag>)")
     container.add_argument("--devices", metavar="I,J", help="card indices to make visible (default the first N)")
     container.add_argument("--port", type=int, default=8000, help="host port for the server (default 8000)")

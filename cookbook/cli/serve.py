@@ -4,18 +4,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import EXIT_RUN_FAILED
 from ..launch import DEFAULT_STARTUP_TIMEOUT_S, Server, attach, serve_foreground
 from ..recipes import load_recipe
+from ._common import add_recipe_arg
+
+EXAMPLES = """
+  cookbook serve HuggingFaceTB/SmolLM2-135M-Instruct                 # port 8000, or a free one; Ctrl-C stops it
+  cookbook serve HuggingFaceTB/SmolLM2-135M-Instruct --port 8001 --run-dir runs/smol
+"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("serve", help="start a recipe's server (fixes, then vllm serve); Ctrl-C stops it")
-    parser.add_argument("recipe", metavar="ID")
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_recipe_arg(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, help="default 8000, or a free port if 8000 is taken")
     parser.add_argument("--run-dir", type=Path, help="where server.log goes (default runs/<time>-<recipe>)")
     parser.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, help="seconds to wait for /health")
-    parser.add_argument("--base-url", help="attach to a server someone else started instead of starting one")
+    parser.add_argument("--base-url", metavar="URL", help="attach to a server someone else started instead of starting one")
     parser.set_defaults(run=run)
 
 
@@ -28,4 +34,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready: {endpoint.api_url} model={endpoint.model} kv_pool={shown} (attached)")
         return 0
     server = Server(recipe, host=args.host, port=args.port, run_dir=args.run_dir, startup_timeout_s=args.startup_timeout)
-    return serve_foreground(server)
+    code = serve_foreground(server)
+    return EXIT_RUN_FAILED if code == 1 else code  # 1: the server did not come up, or exited while serving

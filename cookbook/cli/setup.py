@@ -8,8 +8,13 @@ from ..image import detect_image, ensure_cpu_image
 from ..models import MODELS, ensure_model
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("setup", help="build the CPU image and prepare the CPU recipes' models (once)")
+EXAMPLES = """
+  cookbook setup                     # the CPU image and every CPU recipe's model
+  cookbook setup smollm2-135m        # one model
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="*", choices=[[], *MODELS], metavar="MODEL", help=f"default: all of {', '.join(MODELS)}")
     parser.set_defaults(run=run)
 

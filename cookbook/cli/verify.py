@@ -1,6 +1,5 @@
-"""`cookbook verify --base-url URL [--recipe ID] [--model NAME] [--checks a,b] [--json OUT] [--hardware TEXT]`, or
-`cookbook verify --launch --recipe ID [--launch-profile NAME] [--launch-override FLAG=VALUE ...] ...`, which starts
-the recipe's server (with the overrides), runs the checks against it and stops it.
+"""`cookbook verify [RECIPE] --base-url URL [--checks a,b] [--out DIR]`: run the Verified checks against a server, or
+with `--launch` against the recipe's own server, started for the run (with launch overrides) and stopped after.
 
 Prints the Verified table (Check | Result) and the KV pool line; exits 0 only if every check passed, is a known
 limitation of the recipe's model, or does not apply. The JSON is written even when the server dies mid-run.
@@ -18,39 +17,42 @@ from typing import Any
 from ..checks import CheckContext, run_checks, selected_checks
 from ..checks.registry import check_params, verified_table
 from ..endpoint import Endpoint
-from ..errors import CookbookError, UsageError
+from ..errors import EXIT_RUN_FAILED, UsageError
 from ..launch import Server, attach, free_port, launch_flags, start_or_report
 from ..plots import save_check_figures
 from ..recipes import Recipe
-from ..results import Hardware, RunResults, check_output_path, write_results
-from ._common import add_server_args, recipe_from
+from ..results import Hardware, RunResults, check_output_path, parse_hardware, write_results
+from ._common import (add_hardware_arg, add_out_arg, add_param_arg, add_server_args, deprecated, recipe_from,
+                      parse_params as _parse_params)
 
 EVIDENCE_SHOWN = 2
 DEFAULT_BUDGET_S = 1800.0
 
 
+EXAMPLES = """
+  cookbook verify HuggingFaceTB/SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000 --checks core
+  cookbook verify Qwen/Qwen3-Coder-Next --base-url http://gaudi-box:8000 --hardware "gaudi2:four Gaudi 2 cards" --out runs/qwen
+  cookbook verify HuggingFaceTB/SmolLM2-135M-Instruct --launch --launch-profile engine-states --checks engine-states
+"""
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "verify", help="run the Verified checks against a server; exit 0 only if every check meets the recipe"
-    )
+    """The `verify` subparser on a parser built by hand (tests do); `cookbook` itself builds it from its table."""
+    configure(subparsers.add_parser("verify"))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     add_server_args(parser)
     parser.add_argument("--checks", metavar="A,B", help="checks or groups (core, long-context, ...); default: every check that applies to the recipe "
                         "(`--checks core` is the quick path)")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="write the run's results (the results schema) here")
-    parser.add_argument(
-        "--hardware", metavar="TEXT", help="what served the run, e.g. 'four Gaudi 2 cards' (default: this machine for CPU recipes, else unknown)"
-    )
+    add_out_arg(parser, "results.json and the figures")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the run's results (the results schema) to this file instead")
+    add_hardware_arg(parser, "what served the run")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="wall-clock seconds one request may take, start to last byte (default 60)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
                         help=f"wall-clock seconds the whole run may take; checks past it are 'not run' (default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a check parameter, e.g. needle_lengths=2000,4000 or prefix_cache_prompt_tokens=300,1500 (repeatable)",
-    )
+    add_param_arg(parser, "a check parameter", "needle_lengths=2000,4000")
     parser.add_argument(
         "--launch", action="store_true", help="start the recipe's server for this run (instead of --base-url) and stop it after"
     )
@@ -64,9 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="FLAG=VALUE",
         help="with --launch: a `vllm serve` flag to add or replace, e.g. num-gpu-blocks-override=17 (repeatable)",
     )
-    parser.add_argument("--out-dir", type=Path, metavar="DIR",
-                        help="where the checks' figures go (verify.png, needles.png, prefix_cache.png, engine_states.png; "
-                        "default: beside --json)")
+    parser.add_argument("--out-dir", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # deprecated: --out
     parser.set_defaults(run=run)
 
 
@@ -80,34 +80,24 @@ def parse_checks(text: str | None) -> list[str] | None:
 
 
 def parse_params(items: list[str]) -> dict[str, object]:
-    """--param KEY=VALUE: numbers become numbers; a plural key (needle_lengths) or a comma list becomes a list."""
-    params: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise UsageError(f"--param: expected KEY=VALUE, got {item!r}")
-        words = [_number(w.strip()) for w in value.split(",")]
-        params[key.strip()] = words if "," in value or key.strip().endswith("s") else words[0]
-    return params
-
-
-def _number(word: str) -> object:
-    for kind in (int, float):
-        try:
-            return kind(word)
-        except ValueError:
-            pass
-    return word
+    """--param KEY=VALUE for the checks: the one grammar (numbers become numbers, a comma list a list), and a plural
+    key (needle_lengths) is always a list."""
+    return _parse_params(items, plural_lists=True)
 
 
 def hardware_from(text: str | None) -> Hardware | None:
-    """--hardware TEXT as the results' hardware; the kind is read from the words, else 'unknown'."""
+    """--hardware as the results' hardware: KIND:DESCRIPTION, as every command takes it. The free text verify used
+    to take ('four Gaudi 2 cards', no kind) still works, with a warning: the kind is read from the words."""
     if text is None:
         return None
     if not text.strip():
         raise UsageError("--hardware: empty")
+    kind, sep, _ = text.partition(":")
+    if sep and kind.strip() and " " not in kind.strip():
+        return parse_hardware(text)
     words = text.lower().replace("-", " ")
     kind = next((k for k, w in (("gaudi3", "gaudi 3"), ("gaudi2", "gaudi 2"), ("cpu", "cpu")) if w in words or k in words), "unknown")
+    deprecated("--hardware TEXT", f"write KIND:DESCRIPTION, e.g. --hardware '{kind}:{text.strip()}'")
     return Hardware(kind=kind, description=text.strip())
 
 
@@ -130,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget: must be a positive number of seconds, got {args.budget}")
     check_params(parse_params(args.param))  # a bad --param fails before any request
     check_output_path(args.json, "--json")  # before any request: the results must have somewhere to go
+    check_output_path(args.out, "--out", folder=True)
     check_output_path(args.out_dir, "--out-dir", folder=True)
+    if args.out_dir is not None:
+        deprecated("--out-dir DIR", "--out DIR (results.json and the figures)")
+    hardware_from(args.hardware)  # a bad --hardware fails before any request
     recipe = recipe_from(args)
     selected_checks(names, recipe)  # unknown names fail here, before any request
     if args.launch:
@@ -145,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_launched(args: argparse.Namespace, names: list[str] | None, recipe: Recipe | None) -> int:
     """Start the recipe's server with the launch overrides, run the checks against it, stop it."""
     if recipe is None:
-        raise UsageError("--launch: needs --recipe (the server to start)")
+        raise UsageError("--launch: needs RECIPE (the server to start)")
     if args.base_url:
         raise UsageError("--launch: give either --launch or --base-url, not both")
     flags = launch_flags(recipe, args.launch_profile, args.launch_override)
@@ -153,7 +147,7 @@ def _run_launched(args: argparse.Namespace, names: list[str] | None, recipe: Rec
     server = Server(recipe, port=free_port(), extra_flags=flags, say=say)
     ready = start_or_report(server, say)
     if ready is None:
-        return 1
+        return EXIT_RUN_FAILED
     try:
         say(ready.line())
         return _run_checks(args, names, recipe, ready.base_url, flags)
@@ -169,7 +163,8 @@ def _run_checks(
     # With a model name known, a server that is already down still gets a full table of "not run" (and its JSON).
     endpoint = Endpoint(base_url, model) if model else attach(base_url)
     endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)
-    out_dir = args.out_dir or (args.json.parent if args.json else None)
+    json_path = args.json or (args.out / "results.json" if args.out else None)
+    out_dir = args.out or args.out_dir or (args.json.parent if args.json else None)
     ctx = CheckContext(
         endpoint,
         recipe,
@@ -181,10 +176,10 @@ def _run_checks(
     )
     started = time.monotonic()
     results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
-    if args.json:  # what was measured is written first, whatever happens to the figures
-        write_results(results, args.json)
-    if out_dir is not None and _save_figures(results, out_dir, args.json.parent if args.json else out_dir) and args.json:
-        write_results(results, args.json)  # again, naming the figures in its artifacts
+    if json_path:  # what was measured is written first, whatever happens to the figures
+        write_results(results, json_path)
+    if out_dir is not None and _save_figures(results, out_dir, json_path.parent if json_path else out_dir) and json_path:
+        write_results(results, json_path)  # again, naming the figures in its artifacts
     print(verified_table(results), end="")
     evidence = evidence_lines(results)
     if evidence:
