@@ -362,12 +362,12 @@ class Endpoint:
             self._clients[timeout_s] = self.openai(timeout_s=timeout_s)
         return self._clients[timeout_s]
 
-    def async_openai(self, timeout_s: float | None = None, max_retries: int = 0, **http: Any) -> Any:
+    def async_openai(self, timeout_s: float | httpx2.Timeout | None = None, max_retries: int = 0, **http: Any) -> Any:
         """An AsyncOpenAI over aiohttp (openai's DefaultAioHttpClient: keep-alive, TLS, a C HTTP parser), no silent
         retries and no redirects; `http` goes to the HTTP client (limits, event_hooks)."""
         from openai import AsyncOpenAI, DefaultAioHttpClient
 
-        timeout = timeout_s or self.timeout_s
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         client = DefaultAioHttpClient(follow_redirects=False, auth=self.basic_auth(httpx2), timeout=timeout, **http)
         return AsyncOpenAI(base_url=self.api_url, api_key=self.api_key, timeout=timeout, max_retries=max_retries,
                            http_client=client)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 import uuid
 from typing import Any
 

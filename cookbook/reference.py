@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, runtime_checkable
 
 from .endpoint import Endpoint
-from .errors import CookbookError, ServerDown, ServerError
+from .errors import CookbookError, ServerError
 from .image import ImageEnv
 
 if TYPE_CHECKING:
