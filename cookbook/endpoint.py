@@ -314,7 +314,6 @@ class Endpoint:
     _http: httpx2.Client | None = field(default=None, repr=False, compare=False)
     _auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
     budget: Deadline | None = field(default=None, repr=False, compare=False)  # the run's, caps every request
-    _clients: dict[float, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The URL shown and written everywhere carries no credentials; they are kept aside for the requests.
@@ -355,12 +354,6 @@ class Endpoint:
             base_url=self.api_url, api_key=self.api_key, timeout=timeout_s or self.timeout_s, max_retries=max_retries,
             http_client=http,
         )
-
-    def shared_openai(self, timeout_s: float) -> Any:
-        """One synchronous OpenAI client per timeout, shared by the checks of a run (thread-safe)."""
-        if timeout_s not in self._clients:
-            self._clients[timeout_s] = self.openai(timeout_s=timeout_s)
-        return self._clients[timeout_s]
 
     def async_openai(self, timeout_s: float | httpx2.Timeout | None = None, max_retries: int = 0, **http: Any) -> Any:
         """An AsyncOpenAI over aiohttp (openai's DefaultAioHttpClient: keep-alive, TLS, a C HTTP parser), no silent
@@ -482,9 +475,6 @@ class Endpoint:
         return kv_pool_from_metrics(self.metrics())
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
         if self._http is not None:
             self._http.close()
             self._http = None
