@@ -381,3 +381,29 @@ def test_the_first_wave_leaves_together_even_when_one_request_never_gets_sent() 
         return order
 
     assert sorted(asyncio.run(scenario())) == ["a", "b"]
+
+
+class _KeepAliveServer(_FakeServer):
+    """The stand-in server, keeping each connection open after a whole answer; records the client's ports."""
+
+    ports: list[int] = []
+
+    def do_POST(self) -> None:
+        super().do_POST()
+        self.close_connection = False
+        type(self).ports.append(self.client_address[1])
+
+
+def test_requests_one_after_another_share_one_kept_alive_connection() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveServer)
+    server.daemon_threads = True
+    _KeepAliveServer.ports = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "fake")
+        batch = run_batch(endpoint, bench.short_requests(4, 8, 10.0), concurrency=1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert batch.failed == 0 and len(_KeepAliveServer.ports) == 4
+    assert len(set(_KeepAliveServer.ports)) == 1  # one connection, as vllm bench serve keeps them (no reconnect each)
