@@ -40,7 +40,7 @@ _TIMING: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVa
 
 
 class _FirstWave:
-    """Holds the first `size` requests of a batch at the transport until all of them are built, then lets them go
+    """Holds the first `size` requests of a batch at the request hook until all of them are built, then lets them go
     together: "N streams at once" means at once, however long the openai client takes to build each request."""
 
     def __init__(self, size: int) -> None:
