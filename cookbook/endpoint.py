@@ -218,9 +218,9 @@ def request_failure(
 ) -> ServerError:
     """What `exc`, raised while sending a request or reading its answer, means: no answer in time is
     `RequestTimeout` (naming the run's budget when that is what ran out), an HTTP error status is `RequestFailed`,
-    a broken connection is `ConnectionLost`; either of the last is `ServerDown` when `healthy()` says /health is
-    gone too.
-    Works on the openai client's errors and on httpx2's; the message is prefixed with `where` when given."""
+    a broken connection is `ConnectionLost`; a timeout or a broken connection is `ServerDown` instead when
+    `healthy()` says /health is gone too. Works on the openai client's errors and on httpx2's; the message is
+    prefixed with `where` when given."""
     import openai
 
     def said(what: str) -> str:
@@ -369,56 +369,53 @@ class Endpoint:
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None, where: str | None = None) -> dict[str, Any]:
         """POST JSON to the server (/tokenize, /v1/completions ...) and return the JSON answer; anything else is
-        raised as `request_failure` says. `where` overrides the URL that prefixes an error's message."""
+        raised as `request_failure` says, its message prefixed with `where` (default: the URL)."""
         timeout = timeout_s or self.timeout_s
+        where = f"{self.base_url}{path}" if where is None else where
         try:
             response = self.http().post(path, json=body, timeout=timeout)
             if response.status_code != 200:
-                raise status_failure(response.status_code, response.text, f"{self.base_url}{path}" if where is None else where,
-                                     response.headers.get("location"))
+                raise status_failure(response.status_code, response.text, where, response.headers.get("location"))
             return dict(response.json())
         except ServerError:
             raise
         except Exception as exc:
-            raise self._failure(exc, path, timeout, where) from None
+            raise request_failure(exc, where, timeout, self.budget, self.healthy) from None
 
     def chat(self, body: dict[str, Any], timeout_s: float | None = None, stream: bool = False, where: str | None = "") -> ChatAnswer:
         """One chat completion (`model` added when missing), the one way checks and probes send one. Streamed, the
         answer keeps every chunk and its body only the usage (assembling the message is what a stream check checks).
         Failures are raised as `request_failure` says; by default their message is bare (no URL), for evidence."""
+        path = "/v1/chat/completions"
         body = {"model": self.model, **body}
         timeout = timeout_s or self.timeout_s
+        where = f"{self.base_url}{path}" if where is None else where
         started = time.monotonic()
+        if not stream:
+            return ChatAnswer(self.post(path, body, timeout, where=where), time.monotonic() - started)
+        chunks = []
         try:
-            if not stream:
-                answer = self.post("/v1/chat/completions", body, timeout, where=where)
-                return ChatAnswer(answer, time.monotonic() - started)
-            chunks = []
-            with self.http().stream("POST", "/v1/chat/completions", json={**body, "stream": True}, timeout=timeout) as response:
+            with self.http().stream("POST", path, json={**body, "stream": True}, timeout=timeout) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise status_failure(response.status_code, response.text, where or "", response.headers.get("location"))
+                    raise status_failure(response.status_code, response.text, where, response.headers.get("location"))
                 for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
+                    data = line[5:].strip() if line.startswith("data:") else ""
                     if data == "[DONE]":
                         break
-                    chunk = json.loads(data)
-                    if chunk.get("error"):
+                    chunk = json.loads(data) if data else None
+                    if chunk and chunk.get("error"):
                         error = chunk["error"]
                         message = error.get("message", error) if isinstance(error, dict) else error
                         raise RequestFailed(f"{where + ': ' if where else ''}the stream carried an error: {str(message)[:300]}")
-                    chunks.append(chunk)
-            usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
-            return ChatAnswer({"usage": usage}, time.monotonic() - started, chunks)
+                    if chunk is not None:
+                        chunks.append(chunk)
         except ServerError:
             raise
         except Exception as exc:
-            raise self._failure(exc, "/v1/chat/completions", timeout, where) from None
-
-    def _failure(self, exc: BaseException, path: str, timeout_s: float, where: str | None) -> ServerError:
-        return request_failure(exc, f"{self.base_url}{path}" if where is None else where, timeout_s, self.budget, self.healthy)
+            raise request_failure(exc, where, timeout, self.budget, self.healthy) from None
+        usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
+        return ChatAnswer({"usage": usage}, time.monotonic() - started, chunks)
 
     def basic_auth(self, lib: Any) -> Any:
         """The --base-url's user:password as `lib`'s BasicAuth (None without): used, never shown."""
