@@ -4,7 +4,10 @@
 Both tools send the same chat prompts (the cookbook's short prompts) with the same output length (ignore_eos and a
 fixed token budget, temperature 0), interleaved A B B A A B ... so that drift on a shared machine hits both alike, and
 this prints the ratio ours / vllm bench of the aggregate tokens/s and of the mean TTFT: the median of the per-pair
-ratios (robust to a run that a neighbour slowed down) and the ratio of the means. Target: within 2 %.
+ratios (robust to a run that a neighbour slowed down) and the ratio of the means. Target: within 2 %. With
+`--overhead-streams N` (default 16; 0 leaves it out) the same interleaved run also holds client_overhead.py's workload
+(N streams at once) and prints each tool's client CPU per generated token for every workload, so that parity and
+client overhead come from one run on one server.
 
 `vllm bench serve` runs in the CPU image's Python through the same function its CLI calls
 (`vllm.benchmarks.serve.main`, with its own argument parser), with two hooks: the data set is our prompt list (the
@@ -220,8 +223,14 @@ def _ratio_line(name: str, ours: list[Run], theirs: list[Run]) -> dict[str, Any]
         print(f"{name}: {title} ours/vllm bench: median of pairs {median:.4f} ({verdict(median)}), ratio of means "
               f"{of_means:.4f}; pairs {', '.join(f'{p:.3f}' for p in result['pairs'][key])}")
     load = statistics.fmean(r.load for r in ours + theirs)
+    cpu = {tool: sum(r.client_cpu_s for r in runs) / max(1, sum(r.output_tokens for r in runs))
+           for tool, runs in (("cookbook", ours), ("vllm bench", theirs))}
+    share = {tool: sum(r.client_cpu_s for r in runs) / sum(r.wall_s for r in runs)
+             for tool, runs in (("cookbook", ours), ("vllm bench", theirs))}
+    print(f"{name}: client CPU per token: cookbook {cpu['cookbook'] * 1e6:.1f} us ({share['cookbook']:.2%} of a core), "
+          f"vllm bench {cpu['vllm bench'] * 1e6:.1f} us ({share['vllm bench']:.2%}); ratio {cpu['cookbook'] / cpu['vllm bench']:.2f}")
     print(f"{name}: mean 1-minute load average over the runs {load:.1f} (2 cores)")
-    return {"workload": name, **result, "load_average": load}
+    return {"workload": name, **result, "load_average": load, "cpu_s_per_token": cpu, "core_share": share}
 
 
 def main() -> int:
@@ -229,10 +238,14 @@ def main() -> int:
     add_common_args(parser)
     parser.add_argument("--streams", type=int, help="N of the N-stream workload (default the recipe's --max-num-seqs)")
     parser.add_argument("--single-requests", type=int, default=4, help="requests of the single-stream run, one at a time")
+    parser.add_argument("--overhead-streams", type=int, default=16,
+                        help="also client_overhead.py's workload, this many streams at once, in the same run (0: not)")
     args = parser.parse_args()
     recipe = load_recipe(args.recipe)
     streams = args.streams or recipe.max_num_seqs
     workloads = {"single-stream": (args.single_requests, 1), "n-streams": (streams, streams)}
+    if args.overhead_streams:
+        workloads[f"overhead-{args.overhead_streams}"] = (args.overhead_streams, args.overhead_streams)
     tokenizer = tokenizer_for(recipe)
     runs: dict[str, list[Run]] = {f"{w}/{t}": [] for w in workloads for t in ("cookbook", "vllm bench")}
     with server_for(args, recipe) as endpoint, VllmBench(cpu_image(), tokenizer) as vllm_bench:

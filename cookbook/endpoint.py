@@ -1,10 +1,15 @@
 """One way to talk to any OpenAI-compatible vLLM server: the CPU one we start, a Gaudi box, or a proxy.
 
 Everything downstream (checks, probes, benchmarks, notebooks) takes an `Endpoint`: a base URL and a model name,
-plus the server-side extras vLLM offers beside the OpenAI API (/health, /metrics, /tokenize).
+plus the server-side extras vLLM offers beside the OpenAI API (/health, /metrics, /tokenize). Requests go out one
+way (`Endpoint.chat`, `Endpoint.post`; the benchmark's async streams through the openai client) and what goes wrong
+is mapped once (`request_failure`): an HTTP error status is `RequestFailed` (`RequestRejected` for 3xx/4xx), no
+answer in time is `RequestTimeout`, a broken connection is `ConnectionLost`, or `ServerDown` when /health is gone too.
+One HTTP library, httpx2 (the one the openai client is built on).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -14,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-import httpx
+import httpx2
 
-from .errors import RequestTimeout, ServerDown, ServerError, UsageError
+from .errors import ConnectionLost, RequestFailed, RequestRejected, RequestTimeout, ServerDown, ServerError, UsageError
 from .secrets import register_secret, strip_url_credentials
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -121,7 +126,7 @@ class _Watchdog:
 
 
 def deadline_transport(lib: Any, budget: Callable[[], Deadline | None] = lambda: None) -> Any:
-    """An HTTP transport for `lib` (httpx, or httpx2 under the openai client) on which the request's timeout is a
+    """An HTTP transport for `lib` (httpx2) on which the request's timeout is a
     wall-clock deadline for the whole request, capped by the run's budget (`budget()`). One fresh connection per
     request (no keep-alive), so the watchdog always knows the socket to shut down. Past the deadline the request
     fails with the library's ReadTimeout, whose message names the bound that ran out."""
@@ -192,6 +197,68 @@ def _late(deadline: Deadline) -> str:
     return f"no complete answer within {deadline.describe()}"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# One mapping of what goes wrong with a request, for every caller (checks, probes, bench)
+
+
+def status_failure(status: int, body: str, where: str = "", location: str | None = None) -> RequestFailed:
+    """An HTTP error answer as an error: 3xx (never followed: another origin's answer is never scored) and 4xx are
+    `RequestRejected`, anything else `RequestFailed`; the message starts "HTTP <status>"."""
+    what = f"HTTP {status}: a redirect to {location!r}, not followed" if 300 <= status < 400 else f"HTTP {status}: {body[:300]}"
+    kind = RequestRejected if 300 <= status < 500 else RequestFailed
+    return kind(f"{where}: {what}" if where else what, status_code=status, body=body)
+
+
+def request_failure(
+    exc: BaseException,
+    where: str = "",
+    timeout_s: float | None = None,
+    budget: Deadline | None = None,
+    healthy: Callable[[], bool] | None = None,
+) -> ServerError:
+    """What `exc`, raised while sending a request or reading its answer, means: no answer in time is
+    `RequestTimeout` (naming the run's budget when that is what ran out), an HTTP error status is `RequestFailed`,
+    a broken connection is `ConnectionLost`; a timeout or a broken connection is `ServerDown` instead when
+    `healthy()` says /health is gone too. Works on the openai client's errors and on httpx2's; the message is
+    prefixed with `where` when given."""
+    import openai
+
+    def said(what: str) -> str:
+        return f"{where}: {what}" if where else what
+
+    if isinstance(exc, ServerError):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        try:
+            body = exc.response.text
+        except (httpx2.ResponseNotRead, httpx2.StreamError):  # a streamed answer whose body was never read
+            body = str(exc.message)
+        return status_failure(exc.status_code, body, where, exc.response.headers.get("location"))
+    if isinstance(exc, (openai.APITimeoutError, httpx2.TimeoutException, TimeoutError)):
+        if healthy is not None and not healthy():
+            return ServerDown(said(f"{type(exc).__name__}: server not reachable"))
+        if budget is not None and budget.expired:
+            return RequestTimeout(said(f"no answer before {budget.describe()} ran out"))
+        return RequestTimeout(said(f"no answer within {timeout_s:g} s" if timeout_s else f"no answer in time ({exc})"))
+    if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError, OSError)):
+        if healthy is not None and not healthy():
+            return ServerDown(said(f"{type(exc).__name__}: server not reachable"))
+        return ConnectionLost(said(f"connection lost ({type(exc).__name__}: {str(exc)[:200]})" if str(exc) else
+                                   f"connection lost ({type(exc).__name__})"))
+    if isinstance(exc, (ValueError, KeyError, TypeError)):  # a 200 whose body is not the API's JSON
+        return RequestFailed(said(f"not an API answer ({type(exc).__name__}: {str(exc)[:200]})"))
+    return RequestFailed(said(f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+@dataclass
+class ChatAnswer:
+    """One answered chat request as JSON: the body (for a stream, only its usage) and every chunk when streamed."""
+
+    body: dict[str, Any]
+    seconds: float
+    chunks: list[dict[str, Any]] | None = None
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str
@@ -244,10 +311,9 @@ class Endpoint:
     model: str
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = DEFAULT_TIMEOUT_S
-    _http: httpx.Client | None = field(default=None, repr=False, compare=False)
+    _http: httpx2.Client | None = field(default=None, repr=False, compare=False)
     _auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
     budget: Deadline | None = field(default=None, repr=False, compare=False)  # the run's, caps every request
-    _clients: dict[float, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The URL shown and written everywhere carries no credentials; they are kept aside for the requests.
@@ -264,21 +330,20 @@ class Endpoint:
     def _budget(self) -> Deadline | None:
         return self.budget
 
-    def http(self) -> httpx.Client:
+    def http(self) -> httpx2.Client:
         """Plain HTTP to the server: every request bounded by a wall-clock deadline (its timeout, capped by the
         run's budget), redirects never followed (an answer from another origin is never scored)."""
         if self._http is None:
             headers = {"Authorization": f"Bearer {self.api_key}"}
-            self._http = httpx.Client(
+            self._http = httpx2.Client(
                 base_url=self.base_url, timeout=self.timeout_s, headers=headers, follow_redirects=False,
-                auth=self.basic_auth(httpx),
-                transport=deadline_transport(httpx, self._budget),
+                auth=self.basic_auth(httpx2),
+                transport=deadline_transport(httpx2, self._budget),
             )
         return self._http
 
     def openai(self, timeout_s: float | None = None, max_retries: int = 0) -> Any:
         """A synchronous OpenAI client with a wall-clock deadline per request, no silent retries and no redirects."""
-        import httpx2
         from openai import OpenAI
 
         http = httpx2.Client(
@@ -290,21 +355,67 @@ class Endpoint:
             http_client=http,
         )
 
-    def shared_openai(self, timeout_s: float) -> Any:
-        """One synchronous OpenAI client per timeout, shared by the checks of a run (thread-safe)."""
-        if timeout_s not in self._clients:
-            self._clients[timeout_s] = self.openai(timeout_s=timeout_s)
-        return self._clients[timeout_s]
+    def async_openai(self, timeout_s: float | httpx2.Timeout | None = None, max_retries: int = 0, **http: Any) -> Any:
+        """An AsyncOpenAI over aiohttp (openai's DefaultAioHttpClient: keep-alive, TLS, a C HTTP parser), no silent
+        retries and no redirects; `http` goes to the HTTP client (limits, event_hooks)."""
+        from openai import AsyncOpenAI, DefaultAioHttpClient
 
-    def async_openai(self, timeout_s: float | None = None, max_retries: int = 0) -> Any:
-        import httpx2
-        from openai import AsyncOpenAI
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        client = DefaultAioHttpClient(follow_redirects=False, auth=self.basic_auth(httpx2), timeout=timeout, **http)
+        return AsyncOpenAI(base_url=self.api_url, api_key=self.api_key, timeout=timeout, max_retries=max_retries,
+                           http_client=client)
 
-        http = httpx2.AsyncClient(follow_redirects=False, auth=self.basic_auth(httpx2), timeout=timeout_s or self.timeout_s)
-        return AsyncOpenAI(
-            base_url=self.api_url, api_key=self.api_key, timeout=timeout_s or self.timeout_s, max_retries=max_retries,
-            http_client=http,
-        )
+    # -- requests ------------------------------------------------------------------------------------------------
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None, where: str | None = None) -> dict[str, Any]:
+        """POST JSON to the server (/tokenize, /v1/completions ...) and return the JSON answer; anything else is
+        raised as `request_failure` says, its message prefixed with `where` (default: the URL)."""
+        timeout = timeout_s or self.timeout_s
+        where = f"{self.base_url}{path}" if where is None else where
+        try:
+            response = self.http().post(path, json=body, timeout=timeout)
+            if response.status_code != 200:
+                raise status_failure(response.status_code, response.text, where, response.headers.get("location"))
+            return dict(response.json())
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise request_failure(exc, where, timeout, self.budget, self.healthy) from None
+
+    def chat(self, body: dict[str, Any], timeout_s: float | None = None, stream: bool = False, where: str | None = "") -> ChatAnswer:
+        """One chat completion (`model` added when missing), the one way checks and probes send one. Streamed, the
+        answer keeps every chunk and its body only the usage (assembling the message is what a stream check checks).
+        Failures are raised as `request_failure` says; by default their message is bare (no URL), for evidence."""
+        path = "/v1/chat/completions"
+        body = {"model": self.model, **body}
+        timeout = timeout_s or self.timeout_s
+        where = f"{self.base_url}{path}" if where is None else where
+        started = time.monotonic()
+        if not stream:
+            return ChatAnswer(self.post(path, body, timeout, where=where), time.monotonic() - started)
+        chunks = []
+        try:
+            with self.http().stream("POST", path, json={**body, "stream": True}, timeout=timeout) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise status_failure(response.status_code, response.text, where, response.headers.get("location"))
+                for line in response.iter_lines():
+                    data = line[5:].strip() if line.startswith("data:") else ""
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data) if data else None
+                    if chunk and chunk.get("error"):
+                        error = chunk["error"]
+                        message = error.get("message", error) if isinstance(error, dict) else error
+                        raise RequestFailed(f"{where + ': ' if where else ''}the stream carried an error: {str(message)[:300]}")
+                    if chunk is not None:
+                        chunks.append(chunk)
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise request_failure(exc, where, timeout, self.budget, self.healthy) from None
+        usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
+        return ChatAnswer({"usage": usage}, time.monotonic() - started, chunks)
 
     def basic_auth(self, lib: Any) -> Any:
         """The --base-url's user:password as `lib`'s BasicAuth (None without): used, never shown."""
@@ -312,13 +423,13 @@ class Endpoint:
 
     # -- vLLM's extras ------------------------------------------------------------------------------------------
 
-    def _get(self, path: str, timeout_s: float | None = None, budgeted: bool = True) -> httpx.Response:
+    def _get(self, path: str, timeout_s: float | None = None, budgeted: bool = True) -> httpx2.Response:
         try:
             extensions = {} if budgeted else {NO_BUDGET: True}
             return self.http().get(path, timeout=timeout_s or self.timeout_s, extensions=extensions)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        except (httpx2.ConnectError, httpx2.RemoteProtocolError, httpx2.ReadError) as exc:
             raise ServerDown(f"{self.base_url}{path}: {type(exc).__name__}: server not reachable") from None
-        except httpx.TimeoutException as exc:
+        except httpx2.TimeoutException as exc:
             raise RequestTimeout(f"{self.base_url}{path}: {exc}") from None
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
@@ -333,36 +444,26 @@ class Endpoint:
             raise ServerError(f"{self.base_url}/metrics: HTTP {response.status_code}")
         return parse_metrics(response.text)
 
-    def served_models(self) -> list[str]:
+    def models(self) -> list[dict[str, Any]]:
+        """The /v1/models entries (id, root, max_model_len ...)."""
         response = self._get("/v1/models")
         if response.status_code != 200:
             raise ServerError(f"{self.base_url}/v1/models: HTTP {response.status_code}")
-        return [m["id"] for m in response.json().get("data", [])]
+        try:
+            return list(response.json().get("data", []))
+        except (ValueError, AttributeError) as exc:
+            raise request_failure(exc, f"{self.base_url}/v1/models") from None
+
+    def served_models(self) -> list[str]:
+        return [m["id"] for m in self.models()]
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text` in this model's tokenizer (vLLM's /tokenize)."""
-        try:
-            response = self.http().post(
-                "/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
-            )
-        except httpx.TimeoutException as exc:
-            raise RequestTimeout(f"{self.base_url}/tokenize: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise ServerDown(f"{self.base_url}/tokenize: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise ServerError(f"{self.base_url}/tokenize: HTTP {response.status_code}: {response.text[:200]}")
-        return list(response.json()["tokens"])
+        body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
+        return list(self.post("/tokenize", body)["tokens"])
 
     def detokenize(self, tokens: list[int]) -> str:
-        try:
-            response = self.http().post("/detokenize", json={"model": self.model, "tokens": tokens})
-        except httpx.TimeoutException as exc:
-            raise RequestTimeout(f"{self.base_url}/detokenize: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise ServerDown(f"{self.base_url}/detokenize: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise ServerError(f"{self.base_url}/detokenize: HTTP {response.status_code}: {response.text[:200]}")
-        return str(response.json()["prompt"])
+        return str(self.post("/detokenize", {"model": self.model, "tokens": tokens})["prompt"])
 
     def process_start_time(self) -> float | None:
         return metric_value(self.metrics(), "process_start_time_seconds")
@@ -371,9 +472,6 @@ class Endpoint:
         return kv_pool_from_metrics(self.metrics())
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
         if self._http is not None:
             self._http.close()
             self._http = None

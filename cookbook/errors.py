@@ -68,6 +68,26 @@ class RequestTimeout(ServerError):
     """A request got no complete answer within its wall-clock deadline (or the run's budget ran out)."""
 
 
+class RequestFailed(ServerError):
+    """The server is up but a request failed: an HTTP error status, an answer that is not the API's JSON, or the
+    connection cut midway. Mapped once, in `cookbook.endpoint`, for every caller (checks, probes, bench): a check
+    or probe it ends is a "fail", a benchmark request it ends is counted as failed."""
+
+    def __init__(self, message: str, status_code: int | None = None, body: str = "") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
+
+
+class RequestRejected(RequestFailed):
+    """The server refused the request itself (HTTP 3xx, never followed, or 4xx): the request, not the engine, is at
+    fault as the server sees it."""
+
+
+class ConnectionLost(RequestFailed):
+    """The connection broke before the answer was whole while /health still answers (else it is `ServerDown`)."""
+
+
 # -- exit codes: the one table the CLI, `cookbook --help` and docs/cli.md show ---------------------------------------
 
 EXIT_OK = 0

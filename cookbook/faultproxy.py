@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
 
-import httpx
+import httpx2
 
 from .errors import CookbookError
 from .launch import free_port
@@ -468,7 +468,7 @@ class FaultProxy:
         self._connections: set[socket.socket] = set()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._client: httpx.Client | None = None
+        self._client: httpx2.Client | None = None
         self.killed = False
 
     @property
@@ -476,7 +476,7 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "FaultProxy":
-        self._client = httpx.Client(base_url=self.upstream, timeout=self.timeout_s)
+        self._client = httpx2.Client(base_url=self.upstream, timeout=self.timeout_s)
         self._server = _Server(("127.0.0.1", self.port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"faultproxy-{self.port}", daemon=True)
         self._thread.start()
@@ -570,7 +570,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                     self.connection.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            except (OSError, httpx.HTTPError):  # client gone, or upstream unreachable: the connection just drops
+            except (OSError, httpx2.HTTPError):  # client gone, or upstream unreachable: the connection just drops
                 self.close_connection = True
             except Exception as exc:  # a bug in a fault: say so instead of hanging the client
                 self._send(502, json.dumps({"error": {"message": f"fault proxy: {exc!r}"}}).encode(), "application/json")
@@ -612,7 +612,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(payload)
 
-        def _stream(self, ex: Exchange, upstream: httpx.Response) -> None:
+        def _stream(self, ex: Exchange, upstream: httpx2.Response) -> None:
             self.send_response(upstream.status_code)
             self.send_header("Content-Type", upstream.headers.get("content-type", "text/event-stream"))
             self.send_header("Cache-Control", "no-cache")

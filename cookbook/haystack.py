@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import random
 import re
-import time
 import uuid
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from .endpoint import Endpoint
-from .errors import CookbookError, ServerDown, ServerError, RequestTimeout
+from .errors import CookbookError, ServerDown
 
 # Seconds a long request may take on top of the check's base timeout, per prompt token (about 100 tokens/s: slow
 # enough for the 2-vCPU CPU server and for a Gaudi card compiling a new shape, still bounded).
@@ -163,15 +161,7 @@ def _messages(document: str, needle: Needle) -> list[dict[str, str]]:
 
 def _tokenize(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's /tokenize with a body Endpoint.tokenize does not send (chat messages), or for its max_model_len."""
-    try:
-        response = endpoint.http().post("/tokenize", json={"model": endpoint.model, **body})
-    except httpx.TimeoutException as exc:
-        raise RequestTimeout(f"{endpoint.base_url}/tokenize: {exc}") from None
-    except httpx.HTTPError as exc:
-        raise ServerDown(f"{endpoint.base_url}/tokenize: {type(exc).__name__}") from None
-    if response.status_code != 200:
-        raise ServerError(f"{endpoint.base_url}/tokenize: HTTP {response.status_code}: {response.text[:200]}")
-    return dict(response.json())
+    return endpoint.post("/tokenize", {"model": endpoint.model, **body})
 
 
 def chat_prompt_tokens(endpoint: Endpoint, messages: list[dict[str, str]]) -> int:
@@ -308,17 +298,9 @@ def request_timeout(base_s: float, prompt_tokens: int) -> float:
 
 def ask(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Answer:
     """Send one non-streamed chat request and read what the probes need from its response."""
-    started = time.monotonic()
-    try:
-        response = endpoint.http().post("/v1/chat/completions", json=body, timeout=timeout_s)
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        raise ServerDown(f"{endpoint.base_url}/v1/chat/completions: {type(exc).__name__}") from None
-    except httpx.TimeoutException:
-        raise RequestTimeout(f"{endpoint.base_url}/v1/chat/completions: no answer within {timeout_s:.0f} s") from None
-    seconds = time.monotonic() - started
-    if response.status_code != 200:
-        raise ServerError(f"/v1/chat/completions: HTTP {response.status_code}: {response.text[:300]}")
-    data = response.json()
+    reply = endpoint.chat(body, timeout_s, where="/v1/chat/completions")
+    seconds = reply.seconds
+    data = reply.body
     choice = data["choices"][0]
     message = choice.get("message") or {}
     usage = data.get("usage") or {}
@@ -485,8 +467,8 @@ def served_model(endpoint: Endpoint, metrics: list[Any] | None = None) -> Served
         facts.server_window = int(label_window)
         facts.sliding_windows = [int(label_window)]
     try:
-        models = endpoint.http().get("/v1/models").json().get("data", [])
-    except (httpx.HTTPError, ValueError):
+        models = endpoint.models()
+    except CookbookError:  # no /v1/models behind some proxies
         models = []
     root = next((m.get("root") for m in models if m.get("id") == endpoint.model), None)
     config_path = Path(str(root)) / "config.json" if root else None

@@ -29,10 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, runtime_checkable
 
-import httpx
-
 from .endpoint import Endpoint
-from .errors import CookbookError, ServerDown, ServerError
+from .errors import CookbookError, ServerError
 from .haystack import filler_text, new_salt, server_max_model_len, sliding_windows
 from .image import ImageEnv
 
@@ -527,16 +525,9 @@ def complete_with_logprobs(
 ) -> Served:
     body = completions_body(endpoint, prompt_ids, max_new_tokens, top_k)
     started = time.monotonic()
-    try:
-        response = endpoint.http().post("/v1/completions", json=body, timeout=timeout_s)
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        raise ServerDown(f"{endpoint.base_url}/v1/completions: {type(exc).__name__}") from None
-    except httpx.TimeoutException:
-        raise ServerError(f"{endpoint.base_url}/v1/completions: no answer within {timeout_s:.0f} s") from None
+    data = endpoint.post("/v1/completions", body, timeout_s, where="/v1/completions")
     seconds = time.monotonic() - started
-    if response.status_code != 200:
-        raise ServerError(f"/v1/completions: HTTP {response.status_code}: {response.text[:300]}")
-    choice = response.json()["choices"][0]
+    choice = data["choices"][0]
     lp = choice.get("logprobs") or {}
     tokens = [_token_id(t) for t in lp.get("tokens") or []]
     logprobs = [float(v) for v in lp.get("token_logprobs") or []]

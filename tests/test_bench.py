@@ -80,7 +80,7 @@ def test_summarize() -> None:
 
 
 def test_sse_parser_joins_split_events_and_crlf() -> None:
-    parser = bench._SSE()
+    parser = bench.client._SSE()
     assert parser.feed(b'data: {"a": 1}\n\ndata: {"b"') == [b'{"a": 1}']
     assert parser.feed(b': 2}\n\n: ping\n\ndata: [DONE]\r\n\r\n') == [b'{"b": 2}', b"[DONE]"]
 
@@ -93,13 +93,13 @@ def _chunk(content: str | None = None, role: str | None = None, finish: str | No
 def test_events_give_ttft_itl_and_usage_like_vllm_bench() -> None:
     result = StreamResult()
     state = {"sent": 100.0, "last": 100.0, "chunks": 0, "usage": 0}
-    assert bench._take_event(result, _chunk(content="", role="assistant"), 100.40, state)  # role chunk: not a token
-    bench._take_event(result, _chunk("Hello"), 100.50, state)
-    bench._take_event(result, _chunk(" world"), 100.52, state)
-    bench._take_event(result, _chunk("!", finish="length"), 100.55, state)
+    assert bench.client._take_event(result, _chunk(content="", role="assistant"), 100.40, state)  # role chunk: not a token
+    bench.client._take_event(result, _chunk("Hello"), 100.50, state)
+    bench.client._take_event(result, _chunk(" world"), 100.52, state)
+    bench.client._take_event(result, _chunk("!", finish="length"), 100.55, state)
     usage = {"choices": [], "usage": {"prompt_tokens": 31, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}}}
-    bench._take_event(result, json.dumps(usage).encode(), 100.56, state)
-    assert not bench._take_event(result, b"[DONE]", 100.57, state)
+    bench.client._take_event(result, json.dumps(usage).encode(), 100.56, state)
+    assert not bench.client._take_event(result, b"[DONE]", 100.57, state)
     assert result.ttft_s == pytest.approx(0.50)
     assert result.itl_s == pytest.approx([0.02, 0.03])
     assert (result.output_tokens, result.prompt_tokens, result.cached_tokens) == (3, 31, 0)
@@ -240,7 +240,7 @@ def test_run_inside_a_running_loop() -> None:
         return 7
 
     async def notebook_cell() -> int:
-        return bench._run(inner())
+        return bench.client._run(inner())
 
     assert asyncio.run(notebook_cell()) == 7
 
@@ -285,7 +285,8 @@ class _FakeServer(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body["messages"][0]["content"]
-        assert self.headers["Connection"] == "close" and body["stream"] and body["ignore_eos"]
+        # the client keeps its connections alive (as vllm bench serve does); the old one-shot transport sent "close"
+        assert self.headers.get("Connection", "keep-alive").lower() != "close" and body["stream"] and body["ignore_eos"]
         if "fail" in prompt:
             error = b'{"error": {"message": "boom"}}'
             self.send_response(500)
@@ -363,7 +364,7 @@ def test_a_server_that_is_down_stops_the_benchmark() -> None:
 
 def test_the_first_wave_leaves_together_even_when_one_request_never_gets_sent() -> None:
     async def scenario() -> list[str]:
-        wave = bench._FirstWave(3)
+        wave = bench.client._FirstWave(3)
         order: list[str] = []
 
         async def request(name: str) -> None:
@@ -380,3 +381,29 @@ def test_the_first_wave_leaves_together_even_when_one_request_never_gets_sent() 
         return order
 
     assert sorted(asyncio.run(scenario())) == ["a", "b"]
+
+
+class _KeepAliveServer(_FakeServer):
+    """The stand-in server, keeping each connection open after a whole answer; records the client's ports."""
+
+    ports: list[int] = []
+
+    def do_POST(self) -> None:
+        super().do_POST()
+        self.close_connection = False
+        type(self).ports.append(self.client_address[1])
+
+
+def test_requests_one_after_another_share_one_kept_alive_connection() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveServer)
+    server.daemon_threads = True
+    _KeepAliveServer.ports = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "fake")
+        batch = run_batch(endpoint, bench.short_requests(4, 8, 10.0), concurrency=1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert batch.failed == 0 and len(_KeepAliveServer.ports) == 4
+    assert len(set(_KeepAliveServer.ports)) == 1  # one connection, as vllm bench serve keeps them (no reconnect each)

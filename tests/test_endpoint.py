@@ -1,5 +1,29 @@
-"""cookbook/endpoint.py and the launcher's log parsing: /metrics and KV pool sizes."""
-from cookbook.endpoint import kv_pool_from_metrics, metric_value, normalize_base_url, parse_metrics
+"""cookbook/endpoint.py and the launcher's log parsing: /metrics and KV pool sizes; the one request path and its
+one error mapping (an HTTP 500 is the same fail for a check, a haystack probe and bench)."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx2
+import pytest
+
+from cookbook import haystack
+from cookbook.bench import run_batch, short_requests
+from cookbook.checks import run_checks
+from cookbook.checks.registry import CHECKS, CheckContext, CheckOutcome, CheckSpec
+from cookbook.endpoint import (
+    Deadline,
+    Endpoint,
+    kv_pool_from_metrics,
+    metric_value,
+    normalize_base_url,
+    parse_metrics,
+    request_failure,
+    status_failure,
+)
+from cookbook.errors import ConnectionLost, RequestFailed, RequestRejected, RequestTimeout, ServerDown
 from cookbook.launch import kv_pool_from_log
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
@@ -39,3 +63,72 @@ def test_kv_pool_from_log_lines() -> None:
 def test_normalize_base_url() -> None:
     assert normalize_base_url("http://h:1/v1/") == "http://h:1"
     assert normalize_base_url("http://h:1") == "http://h:1"
+
+
+# -- one request path, one error mapping ---------------------------------------------------------------------------
+
+
+class _Answers500(BaseHTTPRequestHandler):
+    """A server that is up (/health 200) but fails every API request with HTTP 500."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer(200 if self.path == "/health" else 404, b"")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(500, b'{"error": {"message": "boom", "type": "InternalServerError", "code": 500}}')
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def server_500() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers500)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_http_500_is_a_fail_in_a_check_a_haystack_probe_and_bench(server_500: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def probe(ctx: CheckContext) -> CheckOutcome:  # a long-context probe's request, as the needle grid sends it
+        haystack.ask(ctx.endpoint, {"messages": [{"role": "user", "content": "where is the needle?"}]}, 5.0)
+        return CheckOutcome(True, "answered")
+
+    monkeypatch.setitem(CHECKS, "test-probe-500", CheckSpec("test-probe-500", "probe", probe, "core", lambda _ctx: None))
+    results = run_checks(CheckContext(Endpoint(server_500, "m"), request_timeout_s=5.0), ["known-answer", "test-probe-500"])
+    check, probe_result = results.checks
+    assert (check.status, probe_result.status) == ("fail", "fail")
+    assert check.result == "HTTP 500" and "HTTP 500: " in probe_result.result and "boom" in probe_result.result
+    assert not results.stopped  # the server is up: a failed request is not "server down"
+
+    batch = run_batch(Endpoint(server_500, "m"), short_requests(2, 8, 5.0))
+    assert batch.failed == 2 and all(e.startswith("HTTP 500: ") and "boom" in e for e in batch.errors())
+
+    with pytest.raises(RequestFailed) as failed:  # the one mapping: the same class and words for every caller
+        Endpoint(server_500, "m").chat({"messages": [{"role": "user", "content": "hi"}]}, 5.0)
+    assert failed.value.status_code == 500 and str(failed.value).startswith("HTTP 500: ")
+    assert isinstance(status_failure(404, "no"), RequestRejected) and isinstance(status_failure(503, ""), RequestFailed)
+    assert not isinstance(status_failure(503, ""), RequestRejected)
+
+
+def test_request_failure_maps_timeouts_and_lost_connections_once() -> None:
+    assert isinstance(request_failure(httpx2.ReadTimeout("late"), timeout_s=2), RequestTimeout)
+    assert str(request_failure(httpx2.ReadTimeout("late"), timeout_s=2)) == "no answer within 2 s"
+    budget = Deadline(0, "the run's budget")
+    assert str(request_failure(httpx2.ReadTimeout("late"), timeout_s=2, budget=budget)) == (
+        "no answer before the run's budget of 0 s ran out")
+    assert isinstance(request_failure(httpx2.ReadError("cut"), healthy=lambda: True), ConnectionLost)
+    assert isinstance(request_failure(httpx2.ConnectError("refused"), healthy=lambda: False), ServerDown)
+    assert str(request_failure(httpx2.ReadError("cut"), "http://h/v1/x")).startswith("http://h/v1/x: connection lost")

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from cookbook.endpoint import Endpoint
@@ -108,15 +108,15 @@ def upstream() -> Iterator[_Upstream]:
     server.close()
 
 
-def _chat(proxy: FaultProxy, **body: Any) -> httpx.Response:
-    return httpx.post(f"{proxy.base_url}/v1/chat/completions", json={"model": "m", **body}, timeout=10)
+def _chat(proxy: FaultProxy, **body: Any) -> httpx2.Response:
+    return httpx2.post(f"{proxy.base_url}/v1/chat/completions", json={"model": "m", **body}, timeout=10)
 
 
 def _events(proxy: FaultProxy, lockstep: _Upstream | None = None) -> list[str]:
     """The data of each streamed event, as the client receives them (`lockstep`: telling the upstream each one)."""
     out = []
     body = {"stream": True, "lockstep": lockstep is not None}
-    with httpx.stream("POST", f"{proxy.base_url}/v1/chat/completions", json=body, timeout=3 * HOLD_S) as response:
+    with httpx2.stream("POST", f"{proxy.base_url}/v1/chat/completions", json=body, timeout=3 * HOLD_S) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 out.append(line[6:])
@@ -131,8 +131,8 @@ def test_passes_requests_and_responses_through_unchanged(upstream: _Upstream) ->
         assert response.status_code == 200
         assert response.json()["choices"][0]["message"]["content"] == "x"
         assert upstream.seen[-1] == {"model": "m", "tag": "x", "min_p": 0.5}
-        assert httpx.get(f"{proxy.base_url}/health").status_code == 200
-        assert "process_start_time_seconds 1000.5" in httpx.get(f"{proxy.base_url}/metrics").text
+        assert httpx2.get(f"{proxy.base_url}/health").status_code == 200
+        assert "process_start_time_seconds 1000.5" in httpx2.get(f"{proxy.base_url}/metrics").text
         assert proxy.requests == 3
 
 
@@ -162,10 +162,10 @@ def test_corrupt_is_plausible_but_wrong() -> None:
 def test_a_fault_can_answer_instead_of_the_server(upstream: _Upstream) -> None:
     with FaultProxy(upstream.url, "prompt-logprobs-500") as proxy:
         assert _chat(proxy, tag="ok").status_code == 200
-        assert httpx.get(f"{proxy.base_url}/health").status_code == 200
+        assert httpx2.get(f"{proxy.base_url}/health").status_code == 200
         failed = _chat(proxy, prompt_logprobs=5)
         assert failed.status_code == 500 and "EngineCore" in failed.text
-        assert httpx.get(f"{proxy.base_url}/health").status_code == 503
+        assert httpx2.get(f"{proxy.base_url}/health").status_code == 503
         assert _chat(proxy, tag="after").status_code == 500
     assert all("prompt_logprobs" not in seen for seen in upstream.seen), "the failing request reached the server"
 
@@ -206,10 +206,10 @@ def test_swap_concurrent_crosses_answers_only_with_others_in_flight(upstream: _U
 def test_kill_refuses_every_later_connection(upstream: _Upstream) -> None:
     with FaultProxy(upstream.url, KillAfter(after=1)) as proxy:
         assert _chat(proxy, tag="1").status_code == 200
-        with pytest.raises(httpx.TransportError):
+        with pytest.raises(httpx2.TransportError):
             _chat(proxy, tag="2")
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"{proxy.base_url}/health", timeout=5)
+        with pytest.raises(httpx2.ConnectError):
+            httpx2.get(f"{proxy.base_url}/health", timeout=5)
         assert proxy.killed
 
 
@@ -269,7 +269,7 @@ def test_real_server_stream_passes_through(cpu_server: Endpoint) -> None:
             "temperature": 0, "stream": True}
 
     def chunks(base_url: str) -> list[str]:
-        with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        with httpx2.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:
             assert response.status_code == 200
             return [json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
                     for line in response.iter_lines() if line.startswith("data: {") and '"choices":[{' in line.replace(" ", "")]

@@ -1,25 +1,20 @@
 """Known-answer checks, and the request helpers every check module of the suite shares.
 
-The helpers send chat requests through the `openai` client with the run's timeout and no retries, and turn what
-can go wrong into the runner's terms: an HTTP error ends the check as a fail with the request and the error as
-evidence (`CheckFailed`), a lost connection to a server that no longer answers /health is `ServerDown` (the rest
-of the run is "not run: server down").
+The helpers send chat requests through `Endpoint.chat` (the one way every check and probe sends one) with the
+run's timeout and no retries, and turn its errors (mapped once, in cookbook.endpoint) into the runner's terms: an
+HTTP error, no answer in time or a lost connection ends the check as a fail with the request and the error as
+evidence (`CheckFailed`), a server that no longer answers /health is `ServerDown` (the rest of the run is
+"not run: server down").
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-import openai
-
-from ..endpoint import Endpoint
-from ..errors import ServerDown
+from ..errors import RequestFailed, RequestTimeout, ServerDown
 from ..results import Evidence
 from .matching import answer_matches
 from .registry import CheckContext, CheckFailed, CheckOutcome, check
@@ -83,51 +78,27 @@ class Reply:
         return Evidence(request=self.request, response=excerpt(shown), note=note)
 
 
-def _client(endpoint: Endpoint, timeout_s: float) -> Any:
-    return endpoint.shared_openai(timeout_s)
-
-
-def _create_kwargs(client: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI parameters as keywords, vLLM's extras (min_p, bad_words, prompt_logprobs...) in extra_body."""
-    known = inspect.signature(client.chat.completions.create).parameters
-    kwargs = {k: v for k, v in body.items() if k in known}
-    extra = {k: v for k, v in body.items() if k not in known}
-    if extra:
-        kwargs["extra_body"] = extra
-    return kwargs
-
-
 def chat(ctx: CheckContext, body: dict[str, Any], stream: bool = False) -> Reply:
     """Send one chat completion (`model` added). Streamed, the reply keeps every chunk and the final chunk's
     usage; its body holds no assembled message (assembly is what a streaming check checks)."""
     body = {"model": ctx.endpoint.model, **body}
-    client = _client(ctx.endpoint, ctx.request_timeout_s)
-    started = time.monotonic()
     try:
-        if not stream:
-            response = client.chat.completions.create(**_create_kwargs(client, body))
-            return Reply(body, response.model_dump(), time.monotonic() - started)
-        chunks = [c.model_dump() for c in client.chat.completions.create(**_create_kwargs(client, {**body, "stream": True}))]
-        usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
-        return Reply({**body, "stream": True}, {"usage": usage}, time.monotonic() - started, chunks)
-    except openai.APIStatusError as exc:
-        note = f"HTTP {exc.status_code}: {excerpt(exc.response.text, 300)}"
-        location = exc.response.headers.get("location")
-        if 300 <= exc.status_code < 400:  # redirects are never followed: another origin's answers are never scored
-            note = f"HTTP {exc.status_code}: a redirect to {location!r}, not followed"
-        raise CheckFailed(f"HTTP {exc.status_code}", [Evidence(request=body, response=excerpt(exc.response.text), note=note)]) from None
-    except (openai.APIConnectionError, httpx.TransportError) as exc:  # timeouts, and a stream cut off midway
-        timed_out = isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException))
-        budget = ctx.endpoint.budget
-        if timed_out and budget is not None and budget.expired:
-            what = f"no answer before {budget.describe()} ran out"
-        elif timed_out:
-            what = f"no answer within {ctx.request_timeout_s:g} s"
-        else:
-            what = "connection lost"
-        if not ctx.endpoint.healthy():
-            raise ServerDown(f"{ctx.endpoint.base_url}: {type(exc).__name__}: server not reachable") from None
-        raise CheckFailed(what, [Evidence(request=body, note=f"{what} ({type(exc).__name__})")], timed_out=timed_out) from None
+        answer = ctx.endpoint.chat(body, ctx.request_timeout_s, stream=stream)
+    except RequestFailed as exc:
+        response = excerpt(exc.body) if exc.status_code is not None else None
+        what = str(exc).split(":", 1)[0] if exc.status_code is not None else str(exc)
+        raise CheckFailed(what, [Evidence(request=body, response=response, note=str(exc) if exc.status_code is None
+                                          else _status_note(exc))]) from None
+    except RequestTimeout as exc:
+        raise CheckFailed(str(exc), [Evidence(request=body, note=str(exc))], timed_out=True) from None
+    sent = {**body, "stream": True} if stream else body
+    return Reply(sent, answer.body, answer.seconds, answer.chunks)
+
+
+def _status_note(exc: RequestFailed) -> str:
+    """The evidence's note for an HTTP error: the status and an excerpt of the body (a redirect: where to)."""
+    text = str(exc)
+    return text if "redirect" in text else f"HTTP {exc.status_code}: {excerpt(exc.body, 300)}"
 
 
 def chat_all(ctx: CheckContext, bodies: list[dict[str, Any]]) -> list[Reply]:

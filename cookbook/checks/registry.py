@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..endpoint import Deadline, Endpoint, kv_pool_from_metrics, metric_value
-from ..errors import CookbookError, RequestTimeout, ServerDown
+from ..errors import CookbookError, RequestFailed, RequestTimeout, ServerDown
 from ..recipes import Recipe
 from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, run_hardware
 
@@ -241,10 +241,13 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
             results.stopped = results.stopped or f"server down during {spec.name}"
             outcome = CheckOutcome(False, "not run: server down", [Evidence(note=str(exc))])
             status = "not run"
+        except (RequestFailed, RequestTimeout) as exc:  # the server failed a request (mapped once, in endpoint)
+            outcome = CheckOutcome(False, str(exc), [Evidence(note=str(exc))])
+            status = "fail"
+            timed_out = isinstance(exc, RequestTimeout)
         except CookbookError as exc:
             outcome = CheckOutcome(False, f"error: {exc}", [Evidence(note=str(exc))])
             status = "error"
-            timed_out = isinstance(exc, RequestTimeout)
         except Exception as exc:  # a check must never take the suite down with it
             if not ctx.endpoint.healthy():
                 server_down = True

@@ -1,0 +1,97 @@
+"""The benchmark as text and DataFrames: the seeds' Performance table, the detail behind it, the sweep, roofline."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..pages import performance_rows
+from ..recipes import Recipe
+from ..results import RunResults
+from ..roofline import RooflineRow, verdict
+from .figures import MEASURED_AS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _frame(rows: list[dict[str, Any]]) -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def detail_frame(results: RunResults) -> "pd.DataFrame":
+    """The detail behind the table: per figure, requests, failures, and TTFT / ITL / TPOT / E2E p50, p90, p99."""
+    rows = []
+    for figure in results.performance:
+        if figure.name == "sweep":
+            continue
+        m = figure.metrics
+        row: dict[str, Any] = {"figure": figure.name, "requests": m.get("requests"), "failed": figure.failed_requests}
+        if figure.name.startswith("cold-prompt-"):
+            row.update({"ttft_s_min": m.get("ttft_s_min"), "ttft_s_max": m.get("ttft_s_max"),
+                        "e2e_s_min": m.get("seconds_to_answer_min"), "e2e_s_max": m.get("seconds_to_answer_max")})
+        else:
+            for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_s"):
+                for stat in ("p50", "p90", "p99"):
+                    row[f"{name}_{stat}"] = m.get(f"{name}_{stat}")
+        row["mbu"] = m.get("mbu")
+        rows.append(row)
+    return _frame(rows)
+
+
+def sweep_frame(results: RunResults) -> "pd.DataFrame":
+    """The sweep's rows back as a DataFrame (from a results file too)."""
+    figure = results.figure("sweep")
+    return _frame(figure.details.get("rows", []) if figure else [])
+
+
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    line = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [line(header), "-+-".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def _stat(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_report(results: RunResults, rows: list[RooflineRow] | None = None, recipe: Recipe | None = None) -> str:
+    """The Performance table as the seeds show it (Test | Result), the detail table, and the roofline lines."""
+    out = [f"Performance on {results.hardware.description} ({results.model}, {results.started_at})",
+           f"measured as: {MEASURED_AS}", ""]
+    out += _text_table(("Test", "Result"), performance_rows(results))
+    detail = []
+    for figure in results.performance:
+        m = figure.metrics
+        if figure.name == "sweep":
+            continue
+        if figure.name.startswith("cold-prompt-"):
+            ttft = f"{_stat(m.get('ttft_s_min'), 2)} to {_stat(m.get('ttft_s_max'), 2)} s"
+            detail.append((figure.name, str(m.get("requests")), str(figure.failed_requests), ttft, "-", "-",
+                           f"{_stat(m.get('seconds_to_answer_min'), 2)} to {_stat(m.get('seconds_to_answer_max'), 2)} s"))
+            continue
+        cells = ["/".join(_stat(m.get(f"{n}_{s}"), d) for s in ("p50", "p90", "p99"))
+                 for n, d in (("ttft_ms", 0), ("itl_ms", 1), ("tpot_ms", 1), ("e2e_s", 2))]
+        detail.append((figure.name, str(m.get("requests")), str(figure.failed_requests), *cells))
+    if detail:
+        out += ["", "Detail (p50/p90/p99; TTFT, ITL, TPOT in ms, E2E in s; cold prompts: min to max)"]
+        out += _text_table(("Figure", "Requests", "Failed", "TTFT", "ITL", "TPOT", "E2E"), detail)
+    sweep = results.figure("sweep")
+    if sweep is not None:
+        out += ["", f"Sweep ({sweep.label})"]
+        sweep_rows = [(str(r["streams"]), _stat(r.get("aggregate_tokens_per_s"), 1), _stat(r.get("per_stream_tokens_per_s"), 1),
+                       _stat(r.get("ttft_ms_p50"), 0), _stat(r.get("tpot_ms_p50"), 1), _stat(r.get("tpot_ms_p99"), 1),
+                       str(r.get("failed")), _stat(r.get("mbu") * 100 if r.get("mbu") is not None else None, 1))
+                      for r in sweep.details.get("rows", [])]
+        out += _text_table(("Streams", "Aggregate tok/s", "Per stream tok/s", "TTFT p50 ms", "TPOT p50 ms",
+                            "TPOT p99 ms", "Failed", "MBU %"), sweep_rows)
+    if rows is not None:
+        out += ["", "Roofline (decode, weights only)"]
+        if rows:
+            out.append(f"hardware: {rows[0].hardware}")
+            out += [row.line() for row in rows]
+            if recipe is not None:
+                out.append(f"verdict: {verdict(rows, recipe)}")
+        else:
+            out.append("not computed: the recipe or the hardware that produced the figures is not known")
+    return "\n".join(out)
