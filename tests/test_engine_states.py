@@ -250,7 +250,7 @@ def test_verify_launch_starts_with_the_overrides_and_stops(
     chunked = read_results(out).check("chunked-prompt-logprobs")
     assert chunked is not None and chunked.status == "pass", chunked and chunked.result
     assert chunked.details["chunk_tokens"] == 512 and chunked.details["boundaries"] == [512]
-    with pytest.raises(CookbookError, match="--launch: needs --recipe"):
+    with pytest.raises(CookbookError, match="--launch: needs RECIPE"):
         verify.run(argparse.Namespace(**{**vars(args), "recipe": None}))
 
 

@@ -1,7 +1,9 @@
 """Roofline arithmetic against cases worked out by hand from the seeds' published figures."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -167,12 +169,42 @@ def test_declared_cpu_bandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_measured_cpu_bandwidth_is_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
     monkeypatch.delenv(roofline.CPU_BANDWIDTH_ENV, raising=False)
     monkeypatch.setenv("COOKBOOK_CACHE", str(tmp_path))
+    monkeypatch.setattr(roofline.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # a quiet machine: the figure is cached
     calls = []
     monkeypatch.setattr(roofline, "measure_read_bandwidth", lambda: calls.append(1) or 30e9)
     first = roofline.cpu_bandwidth()
     second = roofline.cpu_bandwidth()
     assert first[0] == second[0] == 30e9 and len(calls) == 1
     assert math.isclose(roofline.cpu_bandwidth(refresh=True)[0], 30e9) and len(calls) == 2
+
+
+def test_a_bandwidth_cached_by_another_method_is_measured_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The wall-clock measurement cached on a loaded machine (5.3 GB/s on a CPU that reads 36) must not outlive the
+    method that produced it."""
+    monkeypatch.delenv(roofline.CPU_BANDWIDTH_ENV, raising=False)
+    monkeypatch.setenv("COOKBOOK_CACHE", str(tmp_path))
+    stale = tmp_path / "roofline" / "cpu-read-bandwidth.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"cpu": roofline._cpu_model(), "bytes_per_s": 5.25e9, "date": "2026-12-01",
+                                 "method": "numpy int64 max, 1 thread, best of 30, 256 MiB"}))
+    monkeypatch.setattr(roofline, "measure_read_bandwidth", lambda: 36e9)
+    monkeypatch.setattr(roofline.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert roofline.cpu_bandwidth()[0] == 36e9
+    assert json.loads(stale.read_text())["method"].endswith("thread CPU time")
+
+
+def test_a_bandwidth_measured_on_an_oversubscribed_machine_is_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(roofline.CPU_BANDWIDTH_ENV, raising=False)
+    monkeypatch.setenv("COOKBOOK_CACHE", str(tmp_path))
+    monkeypatch.setattr(roofline, "measure_read_bandwidth", lambda: 5.25e9)
+    monkeypatch.setattr(roofline.os, "getloadavg", lambda: (24.0, 20.0, 15.0))
+    monkeypatch.setattr(roofline.os, "cpu_count", lambda: 2)
+    value, source = roofline.cpu_bandwidth()
+    assert value == 5.25e9 and "at load 24.0 (not cached)" in source
+    assert not (tmp_path / "roofline" / "cpu-read-bandwidth.json").exists()
+    monkeypatch.setattr(roofline.os, "getloadavg", lambda: (0.9, 1.0, 1.0))
+    roofline.cpu_bandwidth()
+    assert json.loads((tmp_path / "roofline" / "cpu-read-bandwidth.json").read_text())["load"] == 0.9
 
 
 def test_read_bandwidth_measurement_is_plausible() -> None:
