@@ -151,6 +151,24 @@ def _take_event(result: StreamResult, payload: bytes, at: float, state: dict[str
     return True
 
 
+# After [DONE], how long the body's last chunk may take to arrive. A body left unread cannot go back to the
+# connection pool: the next request would open a new connection, which `vllm bench serve` never does.
+DRAIN_S = 1.0
+
+
+async def _drain(chunks: Any) -> None:
+    """Read what is left of a response body (the terminating chunk after [DONE]), for at most DRAIN_S."""
+
+    async def rest() -> None:
+        async for _ in chunks:
+            pass
+
+    try:
+        await asyncio.wait_for(rest(), DRAIN_S)
+    except (asyncio.TimeoutError, httpx2.TransportError):
+        pass  # a server that keeps the body open after [DONE] costs this request its connection, nothing more
+
+
 async def _stream_one(client: Any, model: str, request: StreamRequest, temperature: float) -> StreamResult:
     # The openai client raises APIStatusError on an HTTP error before the first byte of the stream is read.
     extra: dict[str, Any] = {"ignore_eos": True}
@@ -173,11 +191,14 @@ async def _stream_one(client: Any, model: str, request: StreamRequest, temperatu
         ) as response:
             parser = _SSE()
             chunked = "chunked" in response.http_response.headers.get("transfer-encoding", "").lower()
+            chunks = response.http_response.aiter_raw().__aiter__()
             try:
-                async for data in response.http_response.aiter_raw():
+                async for data in chunks:
                     at = time.perf_counter()
                     for payload in parser.feed(data):
                         if not _take_event(result, payload, at, state):
+                            if state.get("done"):  # [DONE]: read the body's end too, so the connection is reused
+                                await _drain(chunks)
                             return
             except httpx2.TransportError as exc:
                 if chunked:  # the answer was cut inside its chunked body: say so, it is what the server did
