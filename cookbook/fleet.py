@@ -327,32 +327,16 @@ th { background: #f3f3f3; } .ok { color: #1b5e20; } .failed { color: #b00020; fo
 """
 
 
-def fleet_matrix(out: Path, summary: FleetSummary) -> tuple[list[str], dict[str, dict[str, tuple[str, str]]]]:
-    """Check names in first-seen order, and per entry label: check name -> (status, result)."""
-    names: list[str] = []
-    cells: dict[str, dict[str, tuple[str, str]]] = {}
-    for entry in summary.entries:
-        results = _results(out / entry.label, None)
-        cells[entry.label] = {}
-        for check in results.checks if results else []:
-            if check.name not in names:
-                names.append(check.name)
-            cells[entry.label][check.name] = (check.status, check.result)
-    return names, cells
-
-
-def fleet_performance(out: Path, summary: FleetSummary) -> tuple[list[str], dict[str, dict[str, str]]]:
-    """Performance rows (label) in first-seen order, and per entry label: row label -> result."""
-    rows: list[str] = []
-    cells: dict[str, dict[str, str]] = {}
-    for entry in summary.entries:
-        results = _results(out / entry.label, None)
-        cells[entry.label] = {}
-        for figure in results.performance if results else []:
-            if figure.label not in rows:
-                rows.append(figure.label)
-            cells[entry.label][figure.label] = figure.result
-    return rows, cells
+def _side_by_side(runs: dict[str, RunResults | None],
+                  cells_of: Callable[[RunResults], list[tuple[str, Any]]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Row keys in first-seen order across the entries, and per entry label: key -> cell (the Verified matrix:
+    check name -> (status, result); Performance: row label -> result)."""
+    keys: list[str] = []
+    table: dict[str, dict[str, Any]] = {}
+    for label, results in runs.items():
+        table[label] = dict(cells_of(results)) if results else {}
+        keys += [key for key in table[label] if key not in keys]
+    return keys, table
 
 
 def write_fleet_index(out: Path, summary: FleetSummary) -> Path:
@@ -371,7 +355,8 @@ def write_fleet_index(out: Path, summary: FleetSummary) -> Path:
         f"<td>{e.seconds:.0f} s</td><td><a href='{esc(e.log)}'>log</a></td></tr>" for e in entries)
     parts.append("<h2>Servers</h2><table><thead><tr><th>Entry</th><th>Recipe</th><th>Server</th><th>Hardware</th>"
                  f"<th>Image</th><th>Outcome</th><th>Why</th><th>Time</th><th>Log</th></tr></thead><tbody>{rows}</tbody></table>")
-    names, cells = fleet_matrix(out, summary)
+    runs = {e.label: _results(out / e.label, None) for e in entries}  # each run folder read once
+    names, cells = _side_by_side(runs, lambda r: [(c.name, (c.status, c.result)) for c in r.checks])
     if names:
         head = "".join(f"<th>{esc(e.label)}</th>" for e in entries)
         body = []
@@ -383,7 +368,7 @@ def write_fleet_index(out: Path, summary: FleetSummary) -> Path:
                 tds.append(f"<td class='{css}'>{esc(status or '-')}" + (f"<br><small>{esc(result)}</small>" if result else "") + "</td>")
             body.append(f"<tr><th>{esc(name)}</th>{''.join(tds)}</tr>")
         parts.append(f"<h2>Verified</h2><table><thead><tr><th>Check</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
-    figures, perf = fleet_performance(out, summary)
+    figures, perf = _side_by_side(runs, lambda r: [(f.label, f.result) for f in r.performance])
     if figures:
         head = "".join(f"<th>{esc(e.label)}<br><small>{esc(e.hardware)}</small></th>" for e in entries)
         body = "".join(f"<tr><th>{esc(f)}</th>" + "".join(f"<td>{esc(perf[e.label].get(f, '-'))}</td>" for e in entries) + "</tr>"
