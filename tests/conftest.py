@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from cookbook.endpoint import Endpoint
-from cookbook.launch import Server, attach, free_port, session_pids
+from cookbook.launch import Server, attach
 from cookbook.recipes import Recipe, load_recipe
+
+from own_server import started_server
 
 CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HYBRID_RECIPE = "cookbook/tiny-qwen3-next"
@@ -26,17 +28,8 @@ def _server(recipe_id: str, env_var: str, tmp_path_factory: pytest.TempPathFacto
     if attached:
         yield attach(attached, recipe.served_model_name)
         return
-    run_dir = tmp_path_factory.mktemp(recipe_id.replace("/", "--"))
-    server = Server(recipe, port=free_port(), run_dir=run_dir, say=lambda _line: None)
-    server.start()
-    assert server.process is not None
-    sid = server.process.pid
-    try:
+    with started_server(recipe, tmp_path_factory.mktemp(recipe_id.replace("/", "--"))) as server:
         yield server
-    finally:
-        server.stop()
-        leftovers = session_pids(sid)
-        assert not leftovers, f"processes left after stopping {recipe_id}: {leftovers}"
 
 
 def _endpoint(handle: Server | Endpoint) -> Endpoint:

@@ -1,8 +1,10 @@
 """A test module's own real server (a defect, another model): one per module-scoped fixture."""
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,21 @@ import pytest
 from cookbook.endpoint import Endpoint
 from cookbook.launch import Server, attach, free_port, session_pids
 from cookbook.recipes import Recipe
+
+
+@contextlib.contextmanager
+def started_server(recipe: Recipe, run_dir: Path, extra_flags: dict[str, Any] | None = None) -> Iterator[Server]:
+    """The recipe's server on a free port, stopped at the end with nothing of its process tree left behind."""
+    server = Server(recipe, port=free_port(), run_dir=run_dir, say=lambda _line: None, extra_flags=extra_flags)
+    server.start()
+    assert server.process is not None
+    sid = server.process.pid
+    try:
+        yield server
+    finally:
+        server.stop()
+        leftovers = session_pids(sid)
+        assert not leftovers, f"processes left after stopping {recipe.id}: {leftovers}"
 
 
 def own_server(
@@ -21,14 +38,5 @@ def own_server(
     if attached:
         yield attach(attached, recipe.served_model_name)
         return
-    run_dir = tmp_path_factory.mktemp(recipe.id.replace("/", "--"))
-    server = Server(recipe, port=free_port(), run_dir=run_dir, say=lambda _line: None, extra_flags=extra_flags)
-    server.start()
-    assert server.process is not None
-    sid = server.process.pid
-    try:
+    with started_server(recipe, tmp_path_factory.mktemp(recipe.id.replace("/", "--")), extra_flags) as server:
         yield server.endpoint
-    finally:
-        server.stop()
-        leftovers = session_pids(sid)
-        assert not leftovers, f"processes left after stopping {recipe.id}: {leftovers}"

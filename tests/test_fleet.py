@@ -17,9 +17,11 @@ from cookbook.run_folder import BatchSummary
 from cookbook.endpoint import Endpoint
 from cookbook.fleet import FleetEntry, FleetSummary, _read_back, fleet_concurrency, run_command, run_fleet, write_fleet_index
 from cookbook.fleet_file import Fleet, FleetError, FleetServer, entry_labels, load_fleet
-from cookbook.launch import Server, free_port, session_pids
+from cookbook.launch import Server, free_port
 from cookbook.recipes import load_recipe
 from cookbook.results import CheckResult, Figure, Hardware, RunResults, write_results
+
+from own_server import started_server
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HYBRID = "cookbook/tiny-qwen3-next"
@@ -218,15 +220,8 @@ def test_both_cpu_recipes_at_once(cpu_server: Endpoint, hybrid_server: Endpoint,
 @pytest.fixture
 def doomed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A tiny Gemma 3 server of the test's own, to be killed mid-run."""
-    server = Server(load_recipe(GEMMA), port=free_port(), run_dir=tmp_path_factory.mktemp("doomed"), say=lambda _line: None)
-    server.start()
-    assert server.process is not None
-    sid = server.process.pid
-    try:
+    with started_server(load_recipe(GEMMA), tmp_path_factory.mktemp("doomed")) as server:
         yield server
-    finally:
-        server.stop()
-        assert not session_pids(sid)
 
 
 @pytest.mark.integration
