@@ -217,7 +217,7 @@ def test_chain_and_adapter(upstream: _Upstream) -> None:
     chain = Chain(ForceToolChoice(), DropParam("seed", "drop-seed", (), ""))
     with FaultProxy(upstream.url, chain) as proxy:
         _chat(proxy, tools=[{"type": "function"}], tool_choice="auto", seed=1)
-    assert upstream.seen[-1] == {"model": "m", "tools": [{"type": "function"}], "tool_choice": "required"}
+    assert upstream.seen[-1] == {"model": "m", "tools": [{"type": "function"}], "tool_choice": "required", "temperature": 0}
 
 
 def test_fault_hook_bug_answers_502(upstream: _Upstream) -> None:
