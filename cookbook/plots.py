@@ -1,5 +1,6 @@
 """Every figure the cookbook draws: throughput, latency and the decode roofline of a bench run; the needle grid, the
-prefix-cache hit, time per check and the engine states of a verify run; the comparison of two runs.
+prefix-cache hit, time per check and the engine states of a verify run; the comparison of two runs, and the trend
+of more than two.
 
 The one module that imports matplotlib. Checks and benchmarks return data (results and their details); the figures
 are drawn here from that data, so a figure always shows what the results file says. Each builder returns a Figure
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .checks.needles import NeedleGrid
-    from .compare import Comparison, Delta
+    from .compare import Comparison, Delta, Trend
     from .results import CheckResult, RunResults
 
 _PERCENTILES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
@@ -609,5 +610,58 @@ def comparison_figure(comparison: "Comparison") -> "Figure":
     axes.set_title(f"A: {comparison.hardware_a}\nB: {comparison.hardware_b}", fontsize=8)
     if not deltas:
         axes.text(0.5, 0.5, "no performance figure in common", ha="center", va="center", transform=axes.transAxes)
+    figure.tight_layout()
+    return figure
+
+
+def _short_run_name(name: str, width: int = 18) -> str:
+    """A run folder's last part, cut to `width` characters from the left (dates end folder names)."""
+    tail = Path(name).name if Path(name).name not in ("results.json", "") else Path(name).parent.name
+    return tail if len(tail) <= width else "..." + tail[-(width - 3):]
+
+
+def trend_figure(trend: "Trend") -> "Figure":
+    """One small panel per headline metric, runs along x in the trend's order: the values joined by a line,
+    a regression (worse than its baseline by more than the threshold) a red cross with its change, improvements and
+    changes inside the threshold plain dots; the arrow in each title says which way is better."""
+    series = trend.series
+    columns = min(3, max(1, len(series)))
+    rows = max(1, -(-len(series) // columns))
+    figure = _new_figure(4.0 * columns, 2.6 * rows + 1.0)
+    panels = figure.subplots(rows, columns, squeeze=False)
+    positions = list(range(len(trend.runs)))
+    ticks = [f"{i + 1}. {_short_run_name(n)}" for i, n in enumerate(trend.runs)]
+    for index, axes in enumerate(panels.flat):
+        if index >= len(series):
+            axes.axis("off")
+            continue
+        s = series[index]
+        xs = [i for i, p in zip(positions, s.points) if p.value is not None and p.value == p.value]
+        ys = [p.value for p in s.points if p.value is not None and p.value == p.value]
+        axes.plot(xs, ys, "o-", color="#1565c0", markersize=4, linewidth=1)
+        for i, point in zip(positions, s.points):
+            if not point.regression:
+                continue
+            y = point.value if point.value is not None and point.value == point.value and abs(point.value) != float("inf") else (max(ys) if ys else 0)
+            axes.plot([i], [y], "X", color=FAILED_COLOUR, markersize=10, zorder=5)
+            change = f"{point.change:+.0%}" if point.change is not None else "not finite"
+            axes.annotate(change, (i, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7,
+                          color=FAILED_COLOUR)
+        arrow = {"higher": " (higher is better)", "lower": " (lower is better)"}.get(s.better or "", "")
+        axes.set_title(f"{s.figure}\n{s.metric}{arrow}", fontsize=8)
+        axes.set_xticks(positions, ticks, rotation=30, ha="right", fontsize=6)
+        axes.set_xlim(-0.5, len(positions) - 0.5)
+        axes.tick_params(axis="y", labelsize=7)
+        axes.grid(True, alpha=0.3)
+        if ys:
+            top = max(ys)
+            axes.set_ylim(bottom=min(0.0, min(ys)), top=top * 1.2 if top > 0 else 1.0)
+    if not series:
+        panels[0][0].text(0.5, 0.5, "no headline figure in these runs", ha="center", va="center",
+                          transform=panels[0][0].transAxes)
+    against = "the previous run" if trend.baseline == "previous" else "the first run"
+    hardware = trend.hardware[0] if len(set(trend.hardware)) == 1 else "different hardware: changes compare machines"
+    figure.suptitle(f"Trend over {len(trend.runs)} runs on {hardware}\nred cross: a regression, worse than {against} "
+                    f"by more than {trend.threshold:.0%}", fontsize=9)
     figure.tight_layout()
     return figure
