@@ -87,11 +87,12 @@ class KvSampler:
         return True
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while True:  # one read at least, however short the run
             if not self.read_once():
                 self.trace.note = NOT_EXPOSED
                 return
-            self._stop.wait(self.trace.interval_s)
+            if self._stop.wait(self.trace.interval_s):
+                return
 
     def start(self) -> "KvSampler":
         self._t0 = time.perf_counter()
