@@ -171,6 +171,14 @@ def _sample_groups(results: "RunResults") -> list[tuple[str, dict[str, Any]]]:
     return groups
 
 
+def _client_load(results: "RunResults") -> float | None:
+    """The highest 1-minute load average the client machine recorded over the run's batches (None: not recorded)."""
+    loads = [f.details.get("client_load_average") for f in results.performance]
+    loads += [row.get("client_load_average") for f in results.performance for row in f.details.get("rows", [])]
+    found = [float(v) for v in loads if isinstance(v, (int, float)) and v == v]
+    return max(found) if found else None
+
+
 def _distribution_panel(axes: Any, groups: list[tuple[str, list[float]]], unit: str) -> int:
     """Box (quartiles, p50), p99 tick, every sample as a jittered dot, outliers (stats.outliers) red and counted
     above each group; returns the outliers drawn."""
@@ -230,7 +238,10 @@ def latency_distribution_figure(results: "RunResults", title: str = "") -> "Figu
               _distribution_panel(right, itl, "inter-token latency, ms (per token)"))
     right.set_yscale("log")  # a stall of 100x the median and the median itself on one axis
     left.set_title(f"TTFT: {counts[0]} outlier{'s' if counts[0] != 1 else ''}", fontsize=9, pad=24)
-    right.set_title(f"ITL: {counts[1]} outlier{'s' if counts[1] != 1 else ''}", fontsize=9, pad=24)
+    zeros = sum(1 for _, values in itl for v in values if v <= 0)
+    right.set_title(f"ITL: {counts[1]} outlier{'s' if counts[1] != 1 else ''}"
+                    + (f"; {zeros} gaps of 0 ms (tokens read together) are below the log axis" if zeros else ""),
+                    fontsize=9, pad=24)
     if not groups:
         left.text(0.5, 0.5, "no per-request samples in these results", ha="center", va="center", transform=left.transAxes)
     handles = [Line2D([], [], color="#1565c0", label="median (box: Q1 to Q3, whiskers p5 to p95)"),
@@ -238,7 +249,10 @@ def latency_distribution_figure(results: "RunResults", title: str = "") -> "Figu
                Line2D([], [], color=OUTLIER_COLOUR, linestyle="--", label="outlier fence"),
                Line2D([], [], color=OUTLIER_COLOUR, marker="D", linestyle="", label=f"outlier: {OUTLIER_RULE}")]
     figure.legend(handles=handles, loc="lower center", ncol=2, fontsize=7, frameon=False)
-    figure.suptitle(title or f"Per-request latency: {results.model} on {results.hardware.description}", fontsize=9)
+    load = _client_load(results)
+    figure.suptitle((title or f"Per-request latency: {results.model} on {results.hardware.description}")
+                    + (f"\nthe client machine's 1-minute load average reached {load:g}: on a shared machine, "
+                       "other processes' stalls show here too" if load is not None else ""), fontsize=9)
     figure.tight_layout(rect=(0, 0.09, 1, 1))
     return figure
 
