@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel
 
 from ..compare import DEFAULT_THRESHOLD, compare_runs, format_comparison, format_trend, load_run, trend_runs
 from ..errors import UsageError
@@ -45,26 +48,23 @@ def run(args: argparse.Namespace) -> int:
     figure = figure_path(args.figure) if args.figure else None
     check_output_path(figure, "--figure")  # before anything is read: the outputs must have somewhere to go
     check_output_path(args.json, "--json")
-    if args.more:
-        return _trend(args, figure)
+    if args.more:  # three or more runs: the trend
+        paths = [args.run_a, args.run_b, *args.more]
+        trend = trend_runs([load_run(p) for p in paths], [str(p) for p in paths], args.threshold / 100, args.baseline,
+                           args.order)
+        return _write(format_trend(trend), lambda: trend_figure(trend), trend, trend.ok, figure, args.json)
     a, b = load_run(args.run_a), load_run(args.run_b)
     comparison = compare_runs(a, b, args.threshold / 100, (str(args.run_a), str(args.run_b)))
-    print(format_comparison(comparison))
-    if figure is not None:
-        save(comparison_figure(comparison), figure)
-        print(f"figure: {figure}")
-    if args.json:
-        write_atomic(args.json, comparison.model_dump_json(indent=2) + "\n")
-    return 0 if comparison.ok else 1
+    return _write(format_comparison(comparison), lambda: comparison_figure(comparison), comparison, comparison.ok,
+                  figure, args.json)
 
 
-def _trend(args: argparse.Namespace, figure: Path | None) -> int:
-    paths = [args.run_a, args.run_b, *args.more]
-    trend = trend_runs([load_run(p) for p in paths], [str(p) for p in paths], args.threshold / 100, args.baseline, args.order)
-    print(format_trend(trend))
+def _write(text: str, draw: Callable[[], Any], record: BaseModel, ok: bool, figure: Path | None, json_path: Path | None) -> int:
+    """Print the text, save the figure and the JSON where asked; exit 1 when not ok (a regression, a check failing)."""
+    print(text)
     if figure is not None:
-        save(trend_figure(trend), figure)
+        save(draw(), figure)
         print(f"figure: {figure}")
-    if args.json:
-        write_atomic(args.json, trend.model_dump_json(indent=2) + "\n")
-    return 0 if trend.ok else 1
+    if json_path:
+        write_atomic(json_path, record.model_dump_json(indent=2) + "\n")
+    return 0 if ok else 1
