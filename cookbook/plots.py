@@ -240,7 +240,8 @@ def latency_distribution_figure(results: "RunResults", title: str = "") -> "Figu
     left.set_title(f"TTFT: {counts[0]} outlier{'s' if counts[0] != 1 else ''}", fontsize=9, pad=24)
     zeros = sum(1 for _, values in itl for v in values if v <= 0)
     right.set_title(f"ITL: {counts[1]} outlier{'s' if counts[1] != 1 else ''}"
-                    + (f"; {zeros} gaps of 0 ms (tokens read together) are below the log axis" if zeros else ""),
+                    + (f"; {zeros} gap{'s' if zeros != 1 else ''} of 0 ms (tokens read together) below the log axis"
+                       if zeros else ""),
                     fontsize=9, pad=24)
     if not groups:
         left.text(0.5, 0.5, "no per-request samples in these results", ha="center", va="center", transform=left.transAxes)
