@@ -229,6 +229,15 @@ def test_report_text_and_detail_frame() -> None:
     assert frame.loc[1, "failed"] == 1
 
 
+def test_the_detail_counts_the_outliers() -> None:
+    results = RunResults(recipe="r", model="m", hardware=CPU, performance=[n_streams_figure(_stalled_batch(), 64, CPU)])
+    text = format_report(results)
+    assert "Outliers" in text and "above Q3 + 3 x IQR" in text
+    assert text.splitlines()[-1].rstrip().endswith("| 1/1")  # the late first token and the stalled gap
+    frame = detail_frame(results)
+    assert (frame.loc[0, "ttft_outliers"], frame.loc[0, "itl_outliers"]) == (1, 1)
+
+
 def test_unknown_workload_is_refused() -> None:
     with pytest.raises(CookbookError, match="unknown workload"):
         bench.run_performance_table(Endpoint("http://127.0.0.1:9", "m"), workloads=["bogus"], hardware=CPU)
