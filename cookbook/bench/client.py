@@ -314,6 +314,10 @@ class BatchResult:
             "itl_ms": outliers([x * 1e3 for r in ok for x in r.itl_s]),
         }
 
+    def outlier_details(self) -> dict[str, dict[str, Any]]:
+        """The outliers as the results keep them: rule, fence and count per latency (their samples are kept apart)."""
+        return {name: found.model_dump(exclude={"indices"}) for name, found in self.outliers().items()}
+
     def metrics(self) -> dict[str, float | int | None]:
         """Numbers for the figure: the throughput, then mean/p50/p90/p99 of each latency, then the outlier counts."""
         values: dict[str, float | int | None] = {

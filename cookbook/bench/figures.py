@@ -40,7 +40,7 @@ def _batch_details(batch: BatchResult, hardware: Hardware) -> dict[str, Any]:
         "client_load_average": batch.load_average,
         "output_tokens_per_request": sorted({r.output_tokens for r in batch.ok}),
         "samples": batch.samples(),
-        "outliers": {name: o.model_dump(exclude={"indices"}) for name, o in batch.outliers().items()},
+        "outliers": batch.outlier_details(),
     }
     if batch.failed:
         details["errors"] = batch.errors()

@@ -25,6 +25,7 @@ from ..results import RunResults
 KV_USAGE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 NOT_EXPOSED = f"not exposed: the server's /metrics has neither {' nor '.join(KV_USAGE_METRICS)}"
 DEFAULT_INTERVAL_S = 0.5
+READ_TIMEOUT_S = 10.0  # one read of /metrics at the most: a hung server must not hold the end of the run
 
 
 def kv_usage(metrics: list[Metric] | str) -> tuple[str, float] | None:
@@ -62,6 +63,7 @@ class KvSampler:
     def __init__(self, endpoint: Endpoint, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self._endpoint = copy.copy(endpoint)  # its own HTTP client: the sampler's thread never shares one
         self._endpoint._http = None
+        self._endpoint.timeout_s = min(endpoint.timeout_s, READ_TIMEOUT_S)
         self.trace = KvTrace(interval_s=interval_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,11 +114,13 @@ class KvSampler:
     def stop(self) -> KvTrace:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self._endpoint.timeout_s + 5)
+            self._thread.join(timeout=self._endpoint.timeout_s + 1)
         if self._thread is not None and not self.trace.samples and not self.trace.note:
             self.trace.note = NOT_EXPOSED if self.trace.errors == 0 else f"no sample: {self.trace.errors} reads of /metrics failed"
-        self._endpoint.close()
-        return self.trace
+        if self._thread is None or not self._thread.is_alive():  # a read still hanging keeps its client (a daemon thread)
+            self._endpoint.close()
+        with self._lock:
+            return self.trace.model_copy(deep=True)
 
 
 def attach_trace(results: RunResults, trace: KvTrace) -> None:

@@ -154,18 +154,14 @@ def run_sweep(
     for level in levels:
         if progress:
             progress(f"sweep: {level} stream(s) x {config.output_tokens} tokens")
-        with (span or _no_span)(f"sweep@{level}"):
+        with span(f"sweep@{level}") if span is not None else nullcontext():
             batch = _short_batch(endpoint, level, config)
         if samples is not None:
-            samples[str(level)] = {**batch.samples(), "outliers": {n: o.model_dump(exclude={"indices"}) for n, o in batch.outliers().items()}}
+            samples[str(level)] = {**batch.samples(), "outliers": batch.outlier_details()}
         rows.append({**batch.metrics(), "output_tokens": config.output_tokens,
                      "client_cpu_s": round(batch.client_cpu_s, 4), "other_requests_at_start": batch.other_requests_at_start,
                      "client_load_average": batch.load_average, "errors": "; ".join(batch.errors())})
     return _frame(rows)
-
-
-def _no_span(_name: str) -> AbstractContextManager[Any]:
-    return nullcontext()
 
 
 def _hardware(endpoint: Endpoint, recipe: Recipe | None, hardware: Hardware | None) -> Hardware:
