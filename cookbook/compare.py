@@ -206,6 +206,8 @@ class Trend(BaseModel):
     runs: list[str] = Field(description="Run names in the trend's order")
     started_at: list[str]
     hardware: list[str]
+    client_load: list[float | None] = Field(
+        default_factory=list, description="Each run's highest client 1-minute load average (a busy shared machine explains a dip)")
     threshold: float
     baseline: Baseline
     series: list[TrendSeries]
@@ -224,6 +226,14 @@ class Trend(BaseModel):
     def ok(self) -> bool:
         latest = next((c for c in self.checks if c.run == self.runs[-1]), None)
         return not self.latest_regressions and not (latest and latest.newly_failing)
+
+
+def client_load(run: RunResults) -> float | None:
+    """The highest 1-minute load average the client machine recorded over a run's figures (None: not recorded)."""
+    loads = [f.details.get("client_load_average") for f in run.performance]
+    loads += [row.get("client_load_average") for f in run.performance for row in f.details.get("rows", [])]
+    found = [float(v) for v in loads if isinstance(v, (int, float)) and math.isfinite(v)]
+    return max(found) if found else None
 
 
 def _date_key(item: tuple[str, RunResults]) -> tuple[int, str]:
@@ -267,14 +277,17 @@ def trend_runs(runs: Sequence[RunResults], names: Sequence[str], threshold: floa
     checks = [TrendChecks(run=items[i][0], newly_failing=compare_runs(items[i - 1][1], items[i][1], threshold).newly_failing)
               for i in range(1, len(items))]
     return Trend(runs=[n for n, _ in items], started_at=[r.started_at for _, r in items],
-                 hardware=[f"{r.hardware.description} ({r.source})" for _, r in items], threshold=threshold,
+                 hardware=[f"{r.hardware.description} ({r.source})" for _, r in items],
+                 client_load=[client_load(r) for _, r in items], threshold=threshold,
                  baseline=baseline, series=series, checks=checks)
 
 
 def format_trend(trend: Trend) -> str:
     """The trend as plain text: the runs, then each headline metric run by run with its change and REGRESSION."""
+    loads = trend.client_load or [None] * len(trend.runs)
     lines = [f"{i + 1}. {name} on {hardware}" + (f", {started}" if started else "")
-             for i, (name, hardware, started) in enumerate(zip(trend.runs, trend.hardware, trend.started_at))]
+             + (f", client load up to {load:g}" if load is not None else "")
+             for i, (name, hardware, started, load) in enumerate(zip(trend.runs, trend.hardware, trend.started_at, loads))]
     if len(set(trend.hardware)) > 1:
         lines.append("note: the runs come from different hardware; changes compare machines, not builds")
     against = "the previous run" if trend.baseline == "previous" else "the first run"

@@ -171,14 +171,6 @@ def _sample_groups(results: "RunResults") -> list[tuple[str, dict[str, Any]]]:
     return groups
 
 
-def _client_load(results: "RunResults") -> float | None:
-    """The highest 1-minute load average the client machine recorded over the run's batches (None: not recorded)."""
-    loads = [f.details.get("client_load_average") for f in results.performance]
-    loads += [row.get("client_load_average") for f in results.performance for row in f.details.get("rows", [])]
-    found = [float(v) for v in loads if isinstance(v, (int, float)) and v == v]
-    return max(found) if found else None
-
-
 def _distribution_panel(axes: Any, groups: list[tuple[str, list[float]]], unit: str) -> int:
     """Box (quartiles, p50), p99 tick, every sample as a jittered dot, outliers (stats.outliers) red and counted
     above each group; returns the outliers drawn."""
@@ -250,7 +242,9 @@ def latency_distribution_figure(results: "RunResults", title: str = "") -> "Figu
                Line2D([], [], color=OUTLIER_COLOUR, linestyle="--", label="outlier fence"),
                Line2D([], [], color=OUTLIER_COLOUR, marker="D", linestyle="", label=f"outlier: {OUTLIER_RULE}")]
     figure.legend(handles=handles, loc="lower center", ncol=2, fontsize=7, frameon=False)
-    load = _client_load(results)
+    from .compare import client_load
+
+    load = client_load(results)
     figure.suptitle((title or f"Per-request latency: {results.model} on {results.hardware.description}")
                     + (f"\nthe client machine's 1-minute load average reached {load:g}: on a shared machine, "
                        "other processes' stalls show here too" if load is not None else ""), fontsize=9)
@@ -645,7 +639,9 @@ def trend_figure(trend: "Trend") -> "Figure":
     figure = _new_figure(4.0 * columns, 2.6 * rows + 1.0)
     panels = figure.subplots(rows, columns, squeeze=False)
     positions = list(range(len(trend.runs)))
-    ticks = [f"{i + 1}. {_short_run_name(n)}" for i, n in enumerate(trend.runs)]
+    loads = trend.client_load or [None] * len(trend.runs)
+    ticks = [f"{i + 1}. {_short_run_name(n)}" + (f"\nload {load:.3g}" if load is not None else "")
+             for i, (n, load) in enumerate(zip(trend.runs, loads))]
     for index, axes in enumerate(panels.flat):
         if index >= len(series):
             axes.axis("off")
@@ -677,6 +673,7 @@ def trend_figure(trend: "Trend") -> "Figure":
     against = "the previous run" if trend.baseline == "previous" else "the first run"
     hardware = trend.hardware[0] if len(set(trend.hardware)) == 1 else "different hardware: changes compare machines"
     figure.suptitle(f"Trend over {len(trend.runs)} runs on {hardware}\nred cross: a regression, worse than {against} "
-                    f"by more than {trend.threshold:.0%}", fontsize=9)
+                    f"by more than {trend.threshold:.0%}; load: the client machine's highest 1-minute load average",
+                    fontsize=9)
     figure.tight_layout()
     return figure

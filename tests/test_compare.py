@@ -111,6 +111,14 @@ def test_a_trend_against_the_first_run_and_an_earlier_regression_that_recovered(
     assert not strict.ok  # -3.3 % against the first run is beyond 2 %
 
 
+def test_a_trend_names_each_runs_client_load() -> None:
+    busy = bench_run(200.0, 100.0)
+    busy.performance[0].details["client_load_average"] = 18.5
+    trend = compare.trend_runs([bench_run(300.0, 100.0), busy, bench_run(300.0, 100.0)], ["a", "b", "c"])
+    assert trend.client_load == [None, 18.5, None]
+    assert "2. b on a cpu (measured), client load up to 18.5" in compare.format_trend(trend)
+
+
 def test_a_trend_by_date_and_a_missing_figure() -> None:
     runs = [bench_run(280.0, 100.0, "2026-12-03T10:00:00Z"), bench_run(300.0, 100.0, "2026-12-01T10:00:00Z"),
             RunResults(recipe="r", model="m", hardware=Hardware(kind="cpu", description="a cpu"), started_at="2026-12-02T10:00:00Z")]
