@@ -345,8 +345,8 @@ def kv_cache_figure(results: "RunResults", title: str = "") -> "Figure":
     peak = 0.0
     for number, span in enumerate(s for b in blocks for s in b.get("spans", [])):
         warm = "warm-up" in span["name"]
-        axes.axvspan(span["start_s"], span["end_s"], color=_SPAN_COLOURS[number % len(_SPAN_COLOURS)], zorder=0,
-                     hatch="//" if warm else None, alpha=0.9)
+        axes.axvspan(span["start_s"], span["end_s"], facecolor=_SPAN_COLOURS[number % len(_SPAN_COLOURS)], zorder=0,
+                     hatch="//" if warm else None, edgecolor="#b0bec5" if warm else "none", linewidth=0)
         axes.annotate(span["name"], ((span["start_s"] + span["end_s"]) / 2, 1.0), xycoords=("data", "axes fraction"),
                       rotation=90, ha="center", va="top", fontsize=7, color="#555555", xytext=(0, -3),
                       textcoords="offset points")
