@@ -228,7 +228,8 @@ def latency_distribution_figure(results: "RunResults", title: str = "") -> "Figu
     itl = [(label, [v for gaps in s.get("itl_ms", []) for v in gaps]) for label, s in groups]
     counts = (_distribution_panel(left, ttft, "time to first token, ms (per request)"),
               _distribution_panel(right, itl, "inter-token latency, ms (per token)"))
-    right.set_yscale("log")  # a stall of 100x the median and the median itself on one axis
+    if any(v > 0 for _, values in itl for v in values):
+        right.set_yscale("log")  # a stall of 100x the median and the median itself on one axis
     left.set_title(f"TTFT: {counts[0]} outlier{'s' if counts[0] != 1 else ''}", fontsize=9, pad=24)
     zeros = sum(1 for _, values in itl for v in values if v <= 0)
     right.set_title(f"ITL: {counts[1]} outlier{'s' if counts[1] != 1 else ''}"
@@ -275,8 +276,8 @@ def throughput_latency_figure(frame: "pd.DataFrame", title: str = "") -> "Figure
         axes.set_xlabel(f"{label} (labels: concurrent streams)")
         axes.set_ylabel("aggregate output tokens/s")
         finite = [x for stat in ("p50", "p99") for x in frame.get(f"{metric}_{stat}", []) if x is not None and x == x]
-        axes.set_ylim(bottom=0, top=max([r for r in rates if r is not None and r == r] or [1.0]) * 1.12)
-        axes.set_xlim(left=0, right=max(finite or [1.0]) * 1.15)
+        axes.set_ylim(bottom=0, top=max([r for r in rates if r is not None and r == r and r > 0] or [1.0]) * 1.12)
+        axes.set_xlim(left=0, right=max([x for x in finite if x > 0] or [1.0]) * 1.15)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize=8, loc="upper left")
     figure.suptitle(title or "Throughput against latency across the sweep", fontsize=9)
