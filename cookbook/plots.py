@@ -1,5 +1,6 @@
 """Every figure the cookbook draws: throughput, latency and the decode roofline of a bench run; the needle grid, the
-prefix-cache hit, time per check and the engine states of a verify run; the comparison of two runs.
+prefix-cache hit, time per check and the engine states of a verify run; the comparison of two runs, and the trend
+of more than two.
 
 The one module that imports matplotlib. Checks and benchmarks return data (results and their details); the figures
 are drawn here from that data, so a figure always shows what the results file says. Each builder returns a Figure
@@ -10,7 +11,7 @@ beside the executed notebook.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .recipes import Recipe
 from .roofline import HardwareFacts, RooflineRow, all_weight_bytes, bytes_per_step
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .checks.needles import NeedleGrid
-    from .compare import Comparison, Delta
+    from .compare import Comparison, Delta, Trend
     from .results import CheckResult, RunResults
 
 _PERCENTILES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
@@ -148,6 +149,232 @@ def roofline_figure(rows: list[RooflineRow], recipe: Recipe, facts: HardwareFact
     return figure
 
 
+# Per-request distributions: which figures carry samples, and how each group is labelled on the axis.
+OUTLIER_COLOUR = FAILED_COLOUR
+
+
+def _sample_groups(results: "RunResults") -> list[tuple[str, dict[str, Any]]]:
+    """(label, samples) for every figure that kept per-request samples: single stream, N streams, each sweep level."""
+    groups: list[tuple[str, dict[str, Any]]] = []
+    for figure in results.performance:
+        samples = figure.details.get("samples")
+        if not samples:
+            continue
+        if figure.name == "sweep":
+            for level in sorted(samples, key=int):
+                groups.append((f"sweep\n{level} stream{'s' if int(level) > 1 else ''}", samples[level]))
+        elif figure.name == "single-stream":
+            groups.append(("single\nstream", samples))
+        else:
+            streams = figure.metrics.get("streams")
+            groups.append((f"{streams} streams" if streams else figure.name, samples))
+    return groups
+
+
+def _distribution_panel(axes: Any, groups: list[tuple[str, list[float]]], unit: str) -> int:
+    """Box (quartiles, p50), p99 tick, every sample as a jittered dot, outliers (stats.outliers) red and counted
+    above each group; returns the outliers drawn."""
+    import random
+
+    from .bench.stats import outliers, percentile
+
+    rng = random.Random(0)  # the same jitter every time: figures of one run compare pixel for pixel
+    total = 0
+    for position, (label, values) in enumerate(groups, start=1):
+        if not values:
+            axes.text(position, 0.5, "no samples", ha="center", fontsize=7, transform=axes.get_xaxis_transform())
+            continue
+        found = outliers(values)
+        marked = set(found.indices)
+        axes.boxplot([values], positions=[position], widths=0.5, showfliers=False, whis=(5, 95),
+                     medianprops={"color": "#1565c0"}, boxprops={"color": "#546e7a"})
+        normal = [v for i, v in enumerate(values) if i not in marked]
+        far = [v for i, v in enumerate(values) if i in marked]
+        size = 4 if len(values) > 300 else 10
+        axes.scatter([position + rng.uniform(-0.18, 0.18) for _ in normal], normal, s=size, alpha=0.35, color="#455a64",
+                     linewidths=0, zorder=3)
+        if far:
+            axes.scatter([position + rng.uniform(-0.18, 0.18) for _ in far], far, s=28, color=OUTLIER_COLOUR,
+                         marker="D", zorder=4)
+        p99 = percentile(values, 99)
+        axes.hlines(p99, position - 0.3, position + 0.3, color="#6a1b9a", linestyle=":", linewidth=1.2, zorder=5)
+        if found.fence is not None:
+            axes.hlines(found.fence, position - 0.3, position + 0.3, color=OUTLIER_COLOUR, linestyle="--", linewidth=0.8)
+        note = f"{found.count} outlier{'s' if found.count != 1 else ''}" if found.fence is not None else "too few"
+        axes.annotate(f"n={len(values)}\n{note}", (position, 1.0), xycoords=("data", "axes fraction"),
+                      textcoords="offset points", xytext=(0, 3), ha="center", va="bottom", fontsize=7,
+                      color=OUTLIER_COLOUR if found.count else "#444444")
+        total += found.count
+    axes.set_xticks(range(1, len(groups) + 1), [label for label, _ in groups], fontsize=7)
+    axes.set_xlim(0.4, len(groups) + 0.6)
+    axes.set_ylabel(unit)
+    axes.grid(True, axis="y", which="both", alpha=0.3)
+    return total
+
+
+def latency_distribution_figure(results: "RunResults", title: str = "") -> "Figure":
+    """Per-request TTFT (left) and every inter-token gap (right) of each figure and sweep level: box from Q1 to Q3
+    with the median, whiskers p5 to p95, the p99 dotted, each sample a dot; outliers (stats.OUTLIER_RULE: a
+    recompile or a stall) red diamonds above the dashed fence, counted over each group. Warm-up is not included:
+    its cost is the cold warm-up's own figure."""
+    from matplotlib.lines import Line2D
+
+    from .bench.stats import OUTLIER_RULE
+
+    groups = _sample_groups(results)
+    figure = _new_figure(max(9.0, 1.2 * len(groups) + 4), 4.6)
+    left, right = figure.subplots(1, 2)
+    ttft = [(label, [v for v in s.get("ttft_ms", []) if v is not None]) for label, s in groups]
+    itl = [(label, [v for gaps in s.get("itl_ms", []) for v in gaps]) for label, s in groups]
+    counts = (_distribution_panel(left, ttft, "time to first token, ms (per request)"),
+              _distribution_panel(right, itl, "inter-token latency, ms (per token)"))
+    if any(v > 0 for _, values in itl for v in values):
+        right.set_yscale("log")  # a stall of 100x the median and the median itself on one axis
+    left.set_title(f"TTFT: {counts[0]} outlier{'s' if counts[0] != 1 else ''}", fontsize=9, pad=24)
+    zeros = sum(1 for _, values in itl for v in values if v <= 0)
+    right.set_title(f"ITL: {counts[1]} outlier{'s' if counts[1] != 1 else ''}"
+                    + (f"; {zeros} gap{'s' if zeros != 1 else ''} of 0 ms (tokens read together) below the log axis"
+                       if zeros else ""),
+                    fontsize=9, pad=24)
+    if not groups:
+        left.text(0.5, 0.5, "no per-request samples in these results", ha="center", va="center", transform=left.transAxes)
+    handles = [Line2D([], [], color="#1565c0", label="median (box: Q1 to Q3, whiskers p5 to p95)"),
+               Line2D([], [], color="#6a1b9a", linestyle=":", label="p99"),
+               Line2D([], [], color=OUTLIER_COLOUR, linestyle="--", label="outlier fence"),
+               Line2D([], [], color=OUTLIER_COLOUR, marker="D", linestyle="", label=f"outlier: {OUTLIER_RULE}")]
+    figure.legend(handles=handles, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    from .compare import client_load
+
+    load = client_load(results)
+    figure.suptitle((title or f"Per-request latency: {results.model} on {results.hardware.description}")
+                    + (f"\nthe client machine's 1-minute load average reached {load:g}: on a shared machine, "
+                       "other processes' stalls show here too" if load is not None else ""), fontsize=9)
+    figure.tight_layout(rect=(0, 0.09, 1, 1))
+    return figure
+
+
+def throughput_latency_figure(frame: "pd.DataFrame", title: str = "") -> "Figure":
+    """The sweep as a throughput-latency curve: aggregate tokens/s against TTFT (left) and inter-token latency
+    (right), p50 solid and p99 dashed, each point labelled with its stream count. Up and to the left is better; the
+    knee is where more streams buy latency and no throughput."""
+    figure = _new_figure(10.0, 4.4)
+    panels = figure.subplots(1, 2)
+    levels = [int(s) for s in frame["streams"]]
+    rates = list(frame["aggregate_tokens_per_s"])
+    for axes, metric, label, colour in ((panels[0], "ttft_ms", "time to first token, ms", "#6a1b9a"),
+                                        (panels[1], "itl_ms", "inter-token latency, ms", "#2e7d32")):
+        for stat, style in (("p50", "o-"), ("p99", "s--")):
+            column = f"{metric}_{stat}"
+            if column not in frame:
+                continue
+            xs = list(frame[column])
+            axes.plot(xs, rates, style, color=colour, alpha=1.0 if stat == "p50" else 0.6, label=stat)
+            for x, y, level in zip(xs, rates, levels):
+                if x is not None and y is not None and x == x and y == y:  # NaN-safe: a failed level has no point
+                    axes.annotate(f"{level}", (x, y), textcoords="offset points", xytext=(5, -10 if stat == "p99" else 4),
+                                  fontsize=7, color=colour)
+        axes.set_xlabel(f"{label} (labels: concurrent streams)")
+        axes.set_ylabel("aggregate output tokens/s")
+        finite = [x for stat in ("p50", "p99") for x in frame.get(f"{metric}_{stat}", []) if x is not None and x == x]
+        axes.set_ylim(bottom=0, top=max([r for r in rates if r is not None and r == r and r > 0] or [1.0]) * 1.12)
+        axes.set_xlim(left=0, right=max([x for x in finite if x > 0] or [1.0]) * 1.15)
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=8, loc="upper left")
+    figure.suptitle(title or "Throughput against latency across the sweep", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def ttft_prompt_length_figure(results: "RunResults", title: str = "") -> "Figure":
+    """TTFT of each cold prompt against its length (every needle depth a point), the cold warm-up (the first
+    prefill, which may compile) marked apart, and a line through the origin at the measured prefill rate."""
+    figure = _new_figure(7.0, 4.4)
+    axes = figure.subplots()
+    lengths, ttfts, failed, warmups = [], [], [], []
+    for fig in results.performance:
+        if not fig.name.startswith("cold-prompt-"):
+            continue
+        for request in fig.details.get("requests", []):
+            length = request.get("prompt_tokens") or fig.metrics.get("prompt_tokens")
+            if request.get("ttft_s") is not None:
+                lengths.append(length)
+                ttfts.append(request["ttft_s"])
+            elif length:
+                failed.append(length)
+        warm = fig.details.get("warmup_cold_prefill_s")
+        if warm is not None:
+            warmups.append(warm)
+            axes.plot([fig.metrics.get("prompt_tokens")], [warm], "^", color="#f9a825", markersize=9,
+                      label="warm-up: first cold prefill (not counted)")
+    if lengths:
+        axes.plot(lengths, ttfts, "o", color="#1565c0", label="cold prompt (fresh cache_salt)")
+        rate = sum(lengths) / sum(ttfts) if sum(ttfts) else None
+        if rate:
+            top = max(lengths)
+            axes.plot([0, top], [0, top / rate], "-", color="#90a4ae", linewidth=1,
+                      label=f"{rate:,.0f} prompt tokens/s (mean prefill rate)")
+    for length in failed:
+        axes.axvline(length, color=FAILED_COLOUR, linestyle=":", linewidth=1)
+    if failed:
+        axes.plot([], [], ":", color=FAILED_COLOUR, label=f"{len(failed)} failed request(s)")
+    if not lengths and not failed:
+        axes.text(0.5, 0.5, "no cold prompts in these results", ha="center", va="center", transform=axes.transAxes)
+    axes.set_xlabel("prompt tokens")
+    axes.set_ylabel("time to first token, s")
+    axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0, top=max([*ttfts, *warmups, 0.001]) * 1.15)
+    axes.grid(True, alpha=0.3)
+    if lengths or failed:
+        axes.legend(fontsize=8, loc="lower right")
+    axes.set_title(title or f"TTFT against prompt length (cold): {results.model} on {results.hardware.description}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+_SPAN_COLOURS = ("#e3f2fd", "#fff3e0", "#e8f5e9", "#f3e5f5", "#fffde7", "#fce4ec")
+
+
+def kv_cache_figure(results: "RunResults", title: str = "") -> "Figure":
+    """KV-cache usage (% of the pool) over the run, sampled from /metrics, each workload's span shaded and named
+    (warm-ups hatched); says which gauge was read, or that the server exposes none."""
+    figure = _new_figure(10.0, 4.0)
+    axes = figure.subplots()
+    blocks = [f.details["kv_cache"] for f in results.performance if f.details.get("kv_cache")]
+    metric = next((b.get("metric") for b in blocks if b.get("metric")), None)
+    times: list[float] = []
+    values: list[float] = []
+    peak = 0.0
+    for number, span in enumerate(s for b in blocks for s in b.get("spans", [])):
+        warm = "warm-up" in span["name"]
+        axes.axvspan(span["start_s"], span["end_s"], facecolor=_SPAN_COLOURS[number % len(_SPAN_COLOURS)], zorder=0,
+                     hatch="//" if warm else None, edgecolor="#b0bec5" if warm else "none", linewidth=0)
+        axes.annotate(span["name"], ((span["start_s"] + span["end_s"]) / 2, 1.0), xycoords=("data", "axes fraction"),
+                      rotation=90, ha="center", va="top", fontsize=7, color="#555555", xytext=(0, -3),
+                      textcoords="offset points")
+    for block in blocks:
+        for at, value in block.get("samples", []):
+            times.append(at)
+            values.append(100 * value)
+    if times:
+        axes.plot(times, values, ".-", color="#1565c0", markersize=3, linewidth=1)
+        peak = max(values)
+        axes.axhline(peak, color="#c62828", linestyle=":", linewidth=0.8)
+        axes.annotate(f"peak {peak:.1f} %", (max(times), peak), textcoords="offset points", xytext=(-4, 3),
+                      ha="right", fontsize=7, color="#c62828")
+        axes.set_ylim(0, max(5.0, peak * 1.25))
+    else:
+        note = next((b.get("note") for b in blocks if b.get("note")), None)
+        text = note or ("KV-cache usage not sampled in this run" if not blocks else "no samples")
+        axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, fontsize=8, wrap=True)
+    pool = f", pool {results.kv_pool_tokens:,} tokens" if results.kv_pool_tokens else ""
+    axes.set_xlabel("seconds since the run started")
+    axes.set_ylabel(f"KV-cache usage, % ({metric or 'not exposed'})", fontsize=8)
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.set_title(title or f"KV-cache usage over the run: {results.model} on {results.hardware.description}{pool}", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
 def plot_sweep(frame: "pd.DataFrame", out_dir: Path, title: str = "") -> dict[str, Path]:
     """throughput.png and latency.png of a sweep into `out_dir`; returns {name: path}."""
     out_dir = Path(out_dir)
@@ -157,9 +384,30 @@ def plot_sweep(frame: "pd.DataFrame", out_dir: Path, title: str = "") -> dict[st
     }
 
 
+def bench_figures(results: "RunResults") -> dict[str, "Callable[[], Figure]"]:
+    """The per-request and over-the-run figures a bench run has data for, by the names the reports know (each a
+    builder, so that a caller draws only what it saves): latency_distribution (per-request samples),
+    throughput_latency (a sweep), ttft_prompt_length (cold prompts), kv_cache (a KV trace, or why there is none)."""
+    from .bench import sweep_frame
+
+    builders: dict[str, Callable[[], Figure]] = {}
+    title = f"{results.model} on {results.hardware.description}"
+    if _sample_groups(results):
+        builders["latency_distribution"] = lambda: latency_distribution_figure(results)
+    frame = sweep_frame(results)
+    if not frame.empty:
+        builders["throughput_latency"] = lambda: throughput_latency_figure(frame, f"Throughput against latency: {title}")
+    if any(f.name.startswith("cold-prompt-") for f in results.performance):
+        builders["ttft_prompt_length"] = lambda: ttft_prompt_length_figure(results)
+    if any(f.details.get("kv_cache") for f in results.performance):
+        builders["kv_cache"] = lambda: kv_cache_figure(results)
+    return builders
+
+
 def save_run_plots(results: "RunResults", recipe: Recipe | None, out_dir: Path) -> dict[str, Path]:
-    """The figures a bench run has data for: throughput.png and latency.png (a sweep), roofline.png (a recipe and
-    known hardware). Returns {name: path}, the names the reports put first."""
+    """The figures a bench run has data for: throughput.png and latency.png (a sweep), the `bench_figures`
+    (latency_distribution, throughput_latency, ttft_prompt_length, kv_cache), roofline.png (a recipe and known
+    hardware). Returns {name: path}, the names the reports put first."""
     from .bench import sweep_frame
     from .roofline import hardware_facts, roofline_rows
 
@@ -168,6 +416,7 @@ def save_run_plots(results: "RunResults", recipe: Recipe | None, out_dir: Path) 
     frame = sweep_frame(results)
     if not frame.empty:
         paths.update(plot_sweep(frame, out_dir, title))
+    paths.update({name: save(build(), Path(out_dir) / f"{name}.png") for name, build in bench_figures(results).items()})
     if recipe is not None:
         rows = roofline_rows(recipe, results.performance, results.hardware)
         if rows:
@@ -371,5 +620,61 @@ def comparison_figure(comparison: "Comparison") -> "Figure":
     axes.set_title(f"A: {comparison.hardware_a}\nB: {comparison.hardware_b}", fontsize=8)
     if not deltas:
         axes.text(0.5, 0.5, "no performance figure in common", ha="center", va="center", transform=axes.transAxes)
+    figure.tight_layout()
+    return figure
+
+
+def _short_run_name(name: str, width: int = 18) -> str:
+    """A run folder's last part, cut to `width` characters from the left (dates end folder names)."""
+    tail = Path(name).name if Path(name).name not in ("results.json", "") else Path(name).parent.name
+    return tail if len(tail) <= width else "..." + tail[-(width - 3):]
+
+
+def trend_figure(trend: "Trend") -> "Figure":
+    """One small panel per headline metric, runs along x in the trend's order: the values joined by a line,
+    a regression (worse than its baseline by more than the threshold) a red cross with its change, improvements and
+    changes inside the threshold plain dots; the arrow in each title says which way is better."""
+    series = trend.series
+    columns = min(3, max(1, len(series)))
+    rows = max(1, -(-len(series) // columns))
+    figure = _new_figure(4.0 * columns, 2.6 * rows + 1.0)
+    panels = figure.subplots(rows, columns, squeeze=False)
+    positions = list(range(len(trend.runs)))
+    loads = trend.client_load or [None] * len(trend.runs)
+    ticks = [f"{i + 1}. {_short_run_name(n)}" + (f"\nload {load:.3g}" if load is not None else "")
+             for i, (n, load) in enumerate(zip(trend.runs, loads))]
+    for index, axes in enumerate(panels.flat):
+        if index >= len(series):
+            axes.axis("off")
+            continue
+        s = series[index]
+        xs = [i for i, p in zip(positions, s.points) if p.value is not None and p.value == p.value]
+        ys = [p.value for p in s.points if p.value is not None and p.value == p.value]
+        axes.plot(xs, ys, "o-", color="#1565c0", markersize=4, linewidth=1)
+        for i, point in zip(positions, s.points):
+            if not point.regression:
+                continue
+            y = point.value if point.value is not None and point.value == point.value and abs(point.value) != float("inf") else (max(ys) if ys else 0)
+            axes.plot([i], [y], "X", color=FAILED_COLOUR, markersize=10, zorder=5)
+            change = f"{point.change:+.0%}" if point.change is not None else "not finite"
+            axes.annotate(change, (i, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7,
+                          color=FAILED_COLOUR)
+        arrow = {"higher": " (higher is better)", "lower": " (lower is better)"}.get(s.better or "", "")
+        axes.set_title(f"{s.figure}\n{s.metric}{arrow}", fontsize=8)
+        axes.set_xticks(positions, ticks, rotation=30, ha="right", fontsize=6)
+        axes.set_xlim(-0.5, len(positions) - 0.5)
+        axes.tick_params(axis="y", labelsize=7)
+        axes.grid(True, alpha=0.3)
+        if ys:
+            top = max(ys)
+            axes.set_ylim(bottom=min(0.0, min(ys)), top=top * 1.2 if top > 0 else 1.0)
+    if not series:
+        panels[0][0].text(0.5, 0.5, "no headline figure in these runs", ha="center", va="center",
+                          transform=panels[0][0].transAxes)
+    against = "the previous run" if trend.baseline == "previous" else "the first run"
+    hardware = trend.hardware[0] if len(set(trend.hardware)) == 1 else "different hardware: changes compare machines"
+    figure.suptitle(f"Trend over {len(trend.runs)} runs on {hardware}\nred cross: a regression, worse than {against} "
+                    f"by more than {trend.threshold:.0%}; load: the client machine's highest 1-minute load average",
+                    fontsize=9)
     figure.tight_layout()
     return figure

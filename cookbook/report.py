@@ -1,6 +1,7 @@
 """Shareable reports of a run folder: an HTML page per executed notebook without its code, an index that links
 them with the Verified and Performance tables and the figures inlined, and a secrets scan over everything written.
-The figures are drawn by `cookbook.plots` and saved by whoever ran the step; the index only inlines the PNGs.
+The figures are drawn by `cookbook.plots` and saved by whoever ran the step; the index inlines the PNGs, and draws the
+bench figures a run's results have samples for but no saved PNG (`redraw_bench_figures`).
 
 The HTML loads nothing from the network (nbconvert's CDN script tags are dropped: the reports hold only text,
 tables and PNG figures), so a report folder opens offline and reveals nothing to a third party when shared.
@@ -24,7 +25,8 @@ if TYPE_CHECKING:  # pandas is imported only where a table is built
 _CODE_SPAN = re.compile(r"`([^`]+)`")
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
 # Figures the index shows first, in this order; any other figure follows.
-LEAD_FIGURES = ("throughput", "latency", "roofline", "needles", "prefix_cache")
+LEAD_FIGURES = ("throughput", "latency", "throughput_latency", "latency_distribution", "ttft_prompt_length", "kv_cache",
+                "roofline", "needles", "prefix_cache")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,6 +141,21 @@ code { background: #f6f6f6; padding: 0 0.2em; }
 """
 
 
+def redraw_bench_figures(run_dir: Path, results: RunResults) -> dict[str, str]:
+    """The bench figures (`plots.bench_figures`) the results have data for but the run folder does not hold (a
+    notebook that did not save them, a folder written before they existed): drawn from results.json's samples into
+    the run folder, so the report shows them. Returns {name: path relative to the run folder}."""
+    from .plots import bench_figures, save
+
+    drawn = {}
+    for name, build in bench_figures(results).items():
+        saved = results.artifacts.get(name)
+        if saved is not None and (run_dir / saved).is_file():
+            continue
+        drawn[name] = save(build(), run_dir / f"{name}.png").relative_to(run_dir).as_posix()
+    return drawn
+
+
 def write_index(run_dir: Path, summary: "BatchSummary", results: RunResults | None) -> Path:
     """index.html of a run folder: which notebooks ran, links to their reports, Verified, Performance, figures."""
     title = f"{summary.recipe}: cookbook run"
@@ -176,7 +193,8 @@ def write_index(run_dir: Path, summary: "BatchSummary", results: RunResults | No
             out.append("<h2>Performance</h2>" + (f"<p>{html.escape(label)}</p>" if label else "")
                        + f"<p>{html.escape(performance_note(results))}</p>")
             out.append(_table(("Test", "Result"), performance_rows(results)))
-        figures = [_figure(run_dir, n, p) for n, p in _ordered_figures(results.artifacts)]
+        artifacts = {**results.artifacts, **redraw_bench_figures(run_dir, results)}
+        figures = [_figure(run_dir, n, p) for n, p in _ordered_figures(artifacts)]
         if any(figures):
             out.append("<h2>Figures</h2>" + "".join(figures))
     out.append("</body></html>\n")

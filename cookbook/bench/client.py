@@ -29,7 +29,7 @@ import httpx2  # the openai client's HTTP library
 
 from ..endpoint import Endpoint, metric_value, request_failure
 from ..errors import CookbookError, ServerDown, ServerError
-from .stats import Summary, _round, summarize
+from .stats import Outliers, Summary, _round, outliers, summarize
 
 T = TypeVar("T")
 # The running request's timing state: a request hook of the HTTP client stamps the moment the request is handed to
@@ -295,8 +295,31 @@ class BatchResult:
             "e2e_s": summarize([r.e2e_s for r in ok if r.e2e_s is not None]),
         }
 
+    def samples(self) -> dict[str, list[Any]]:
+        """Every completed request's own times, in request order, kept in the results so that a figure can show the
+        distribution (and a stall as an outlier) from the results file alone: TTFT and end to end per request, the
+        inter-token gaps per request (a list each)."""
+        ok = self.ok
+        return {
+            "ttft_ms": [_round(r.ttft_s * 1e3, 3) for r in ok if r.ttft_s is not None],
+            "e2e_s": [_round(r.e2e_s, 4) for r in ok if r.e2e_s is not None],
+            "itl_ms": [[round(x * 1e3, 3) for x in r.itl_s] for r in ok],
+        }
+
+    def outliers(self) -> dict[str, Outliers]:
+        """TTFT outliers over the requests, ITL outliers over every token gap of every request (stats.OUTLIER_RULE)."""
+        ok = self.ok
+        return {
+            "ttft_ms": outliers([r.ttft_s * 1e3 for r in ok if r.ttft_s is not None]),
+            "itl_ms": outliers([x * 1e3 for r in ok for x in r.itl_s]),
+        }
+
+    def outlier_details(self) -> dict[str, dict[str, Any]]:
+        """The outliers as the results keep them: rule, fence and count per latency (their samples are kept apart)."""
+        return {name: found.model_dump(exclude={"indices"}) for name, found in self.outliers().items()}
+
     def metrics(self) -> dict[str, float | int | None]:
-        """Numbers for the figure: the throughput, then mean/p50/p90/p99 of each latency."""
+        """Numbers for the figure: the throughput, then mean/p50/p90/p99 of each latency, then the outlier counts."""
         values: dict[str, float | int | None] = {
             "streams": self.streams,
             "requests": len(self.results),
@@ -309,6 +332,8 @@ class BatchResult:
         for name, summary in self.latency().items():
             for stat in ("mean", "p50", "p90", "p99"):
                 values[f"{name}_{stat}"] = _round(getattr(summary, stat), 3)
+        for name, found in self.outliers().items():
+            values[f"{name}_outliers"] = found.count
         return values
 
     def errors(self) -> list[str]:

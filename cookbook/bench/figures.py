@@ -39,6 +39,8 @@ def _batch_details(batch: BatchResult, hardware: Hardware) -> dict[str, Any]:
         "other_requests_at_end": batch.other_requests_at_end,
         "client_load_average": batch.load_average,
         "output_tokens_per_request": sorted({r.output_tokens for r in batch.ok}),
+        "samples": batch.samples(),
+        "outliers": batch.outlier_details(),
     }
     if batch.failed:
         details["errors"] = batch.errors()
@@ -124,8 +126,9 @@ def cold_figure(length: int, runs: list[tuple[float, StreamResult, dict[str, Any
     )
 
 
-def sweep_figure(frame: "pd.DataFrame", hardware: Hardware) -> Figure:
-    """The sweep as one figure: the aggregate at each level in the result, every row in details['rows']."""
+def sweep_figure(frame: "pd.DataFrame", hardware: Hardware, samples: dict[str, Any] | None = None) -> Figure:
+    """The sweep as one figure: the aggregate at each level in the result, every row in details['rows'], each
+    level's per-request samples (and their outliers) in details['samples'] by stream count."""
     rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in frame.to_dict("records")]
     levels = [int(r["streams"]) for r in rows]
     rates = ", ".join(_fmt_rate(r["aggregate_tokens_per_s"]) for r in rows)
@@ -139,5 +142,5 @@ def sweep_figure(frame: "pd.DataFrame", hardware: Hardware) -> Figure:
         measured_as=_measured_as("each level is its own run, all of its streams sent at once", hardware),
         metrics={"peak_aggregate_tokens_per_s": peak["aggregate_tokens_per_s"], "peak_streams": peak["streams"]},
         failed_requests=failed,
-        details={"hardware": hardware.model_dump(), "rows": rows},
+        details={"hardware": hardware.model_dump(), "rows": rows, **({"samples": samples} if samples else {})},
     )

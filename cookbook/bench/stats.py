@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class Summary(BaseModel):
@@ -37,6 +37,34 @@ def summarize(values: Sequence[float]) -> Summary:
         p90=percentile(values, 90),
         p99=percentile(values, 99),
     )
+
+
+# A sample is an outlier when it lies above the upper fence: Q3 + OUTLIER_IQR x IQR (Tukey's "far out" fence),
+# and at least OUTLIER_MEDIAN x the median, so that a very tight distribution (IQR near 0) does not call a 10 % wobble
+# an outlier. A graph recompile or a stall lands far above both. Fewer than OUTLIER_MIN_SAMPLES samples: no fence.
+OUTLIER_IQR = 3.0
+OUTLIER_MEDIAN = 2.0
+OUTLIER_MIN_SAMPLES = 4
+OUTLIER_RULE = f"above Q3 + {OUTLIER_IQR:g} x IQR and above {OUTLIER_MEDIAN:g} x the median"
+
+
+class Outliers(BaseModel):
+    """The outliers of one set of samples by OUTLIER_RULE: the fence, how many lie above it, and which."""
+
+    rule: str = OUTLIER_RULE
+    count: int = 0
+    fence: float | None = Field(None, description="Samples above this value are outliers (None: too few samples)")
+    indices: list[int] = Field(default_factory=list, description="Positions of the outliers in the samples")
+
+
+def outliers(values: Sequence[float]) -> Outliers:
+    """Samples far above the rest (OUTLIER_RULE): a recompile or a stall, counted rather than averaged away."""
+    if len(values) < OUTLIER_MIN_SAMPLES:
+        return Outliers()
+    q1, median, q3 = percentile(values, 25), percentile(values, 50), percentile(values, 75)
+    fence = max(q3 + OUTLIER_IQR * (q3 - q1), OUTLIER_MEDIAN * median)
+    indices = [i for i, v in enumerate(values) if v > fence]
+    return Outliers(count=len(indices), fence=fence, indices=indices)
 
 
 def _round(value: float | None, digits: int) -> float | None:

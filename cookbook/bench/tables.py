@@ -8,6 +8,7 @@ from ..recipes import Recipe
 from ..results import RunResults
 from ..roofline import RooflineRow, verdict
 from .figures import MEASURED_AS
+from .stats import OUTLIER_RULE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -20,7 +21,8 @@ def _frame(rows: list[dict[str, Any]]) -> "pd.DataFrame":
 
 
 def detail_frame(results: RunResults) -> "pd.DataFrame":
-    """The detail behind the table: per figure, requests, failures, and TTFT / ITL / TPOT / E2E p50, p90, p99."""
+    """The detail behind the table: per figure, requests, failures, TTFT / ITL / TPOT / E2E p50, p90, p99, and
+    the outlier counts (stats.OUTLIER_RULE)."""
     rows = []
     for figure in results.performance:
         if figure.name == "sweep":
@@ -34,6 +36,7 @@ def detail_frame(results: RunResults) -> "pd.DataFrame":
             for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_s"):
                 for stat in ("p50", "p90", "p99"):
                     row[f"{name}_{stat}"] = m.get(f"{name}_{stat}")
+            row["ttft_outliers"], row["itl_outliers"] = m.get("ttft_ms_outliers"), m.get("itl_ms_outliers")
         row["mbu"] = m.get("mbu")
         rows.append(row)
     return _frame(rows)
@@ -68,14 +71,16 @@ def format_report(results: RunResults, rows: list[RooflineRow] | None = None, re
         if figure.name.startswith("cold-prompt-"):
             ttft = f"{_stat(m.get('ttft_s_min'), 2)} to {_stat(m.get('ttft_s_max'), 2)} s"
             detail.append((figure.name, str(m.get("requests")), str(figure.failed_requests), ttft, "-", "-",
-                           f"{_stat(m.get('seconds_to_answer_min'), 2)} to {_stat(m.get('seconds_to_answer_max'), 2)} s"))
+                           f"{_stat(m.get('seconds_to_answer_min'), 2)} to {_stat(m.get('seconds_to_answer_max'), 2)} s", "-"))
             continue
         cells = ["/".join(_stat(m.get(f"{n}_{s}"), d) for s in ("p50", "p90", "p99"))
                  for n, d in (("ttft_ms", 0), ("itl_ms", 1), ("tpot_ms", 1), ("e2e_s", 2))]
-        detail.append((figure.name, str(m.get("requests")), str(figure.failed_requests), *cells))
+        outliers = "/".join("-" if m.get(f"{n}_outliers") is None else str(m.get(f"{n}_outliers")) for n in ("ttft_ms", "itl_ms"))
+        detail.append((figure.name, str(m.get("requests")), str(figure.failed_requests), *cells, outliers))
     if detail:
-        out += ["", "Detail (p50/p90/p99; TTFT, ITL, TPOT in ms, E2E in s; cold prompts: min to max)"]
-        out += _text_table(("Figure", "Requests", "Failed", "TTFT", "ITL", "TPOT", "E2E"), detail)
+        out += ["", "Detail (p50/p90/p99; TTFT, ITL, TPOT in ms, E2E in s; cold prompts: min to max; "
+                f"outliers: requests' TTFT / token gaps {OUTLIER_RULE})"]
+        out += _text_table(("Figure", "Requests", "Failed", "TTFT", "ITL", "TPOT", "E2E", "Outliers"), detail)
     sweep = results.figure("sweep")
     if sweep is not None:
         out += ["", f"Sweep ({sweep.label})"]

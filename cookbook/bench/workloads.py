@@ -2,6 +2,7 @@
 sweep, each run through the client and turned into figures as soon as it is measured."""
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,6 +14,7 @@ from ..recipes import Recipe
 from ..results import Hardware, RunResults, now, run_hardware
 from ..roofline import roofline_rows
 from .client import BatchResult, StreamRequest, StreamResult, run_batch
+from .kvcache import DEFAULT_INTERVAL_S, KvSampler, attach_trace
 from .figures import MEASURED_AS, cold_figure, n_streams_figure, single_stream_figure, sweep_figure
 from .tables import _frame
 
@@ -57,6 +59,9 @@ class BenchConfig(BaseModel):
     request_timeout_s: float = Field(300.0, gt=0, description="Bound on one short-prompt request, end to end")
     cold_timeout_s: float = Field(300.0, gt=0, description="Base bound on one cold request, plus 10 ms per prompt token")
     warmup: bool = Field(True, description="A short request first, and one cold prefill before the cold figures; neither counted")
+    kv_sample_interval_s: float = Field(
+        DEFAULT_INTERVAL_S, ge=0, description="Seconds between reads of the server's KV-cache usage during the run; 0: not sampled"
+    )
 
 
 def short_prompts(count: int) -> list[str]:
@@ -137,16 +142,22 @@ def run_sweep(
     config: BenchConfig | None = None,
     progress: Progress | None = None,
     rows: list[dict[str, Any]] | None = None,
+    samples: dict[str, Any] | None = None,
+    span: "Callable[[str], AbstractContextManager[Any]] | None" = None,
 ) -> "pd.DataFrame":
     """Aggregate and per-stream tokens/s and latency percentiles at 1, 2, 4, ... N streams, one row per level
-    (appended to `rows` as each level ends, so that a caller keeps the levels measured if a later one fails)."""
+    (appended to `rows` as each level ends, so that a caller keeps the levels measured if a later one fails);
+    each level's per-request samples into `samples` by its stream count, each level inside `span(name)`."""
     config = config or BenchConfig()
     levels = config.sweep_levels or sweep_levels(_streams(config, recipe))
     rows = [] if rows is None else rows
     for level in levels:
         if progress:
             progress(f"sweep: {level} stream(s) x {config.output_tokens} tokens")
-        batch = _short_batch(endpoint, level, config)
+        with span(f"sweep@{level}") if span is not None else nullcontext():
+            batch = _short_batch(endpoint, level, config)
+        if samples is not None:
+            samples[str(level)] = {**batch.samples(), "outliers": batch.outlier_details()}
         rows.append({**batch.metrics(), "output_tokens": config.output_tokens,
                      "client_cpu_s": round(batch.client_cpu_s, 4), "other_requests_at_start": batch.other_requests_at_start,
                      "client_load_average": batch.load_average, "errors": "; ".join(batch.errors())})
@@ -187,11 +198,15 @@ def run_performance_table(
     except (ServerError, OSError):
         pass
     step = {"name": "warm-up"}
+    sampler = KvSampler(endpoint, config.kv_sample_interval_s).start() if config.kv_sample_interval_s > 0 else None
     try:
-        _run_workloads(endpoint, recipe, config, hardware, wanted, results, say, step)
+        _run_workloads(endpoint, recipe, config, hardware, wanted, results, say, step, sampler)
     except ServerError as exc:  # the server died, stalled or the budget ran out: keep every figure measured so far
         results.stopped = f"stopped during {step['name']}: {exc}"
         say(f"{results.stopped}; the figures measured before it are kept")
+    finally:
+        if sampler is not None:
+            attach_trace(results, sampler.stop())
     if recipe is not None:
         _attach_roofline(results, recipe)
     results.finished_at = now()
@@ -199,8 +214,12 @@ def run_performance_table(
 
 
 def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfig, hardware: Hardware, wanted: list[str],
-                   results: RunResults, say: Progress, step: dict[str, str]) -> None:
-    """The workloads in order, each figure appended as soon as it is measured; `step` names the one running."""
+                   results: RunResults, say: Progress, step: dict[str, str], sampler: KvSampler | None = None) -> None:
+    """The workloads in order, each figure appended as soon as it is measured; `step` names the one running, and
+    the KV sampler (if any) a span per workload (a warm-up's span goes with the figure after it)."""
+
+    def span(name: str, figure: str | None = None) -> AbstractContextManager[Any]:
+        return sampler.span(name, figure) if sampler is not None else nullcontext()
 
     def begin(name: str) -> None:
         step["name"] = name
@@ -213,16 +232,19 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
     begin("warm-up")
     if config.warmup and any(w != "cold" for w in wanted):
         say("warm-up: one short request (not counted)")
-        _warm_up(endpoint, config)
+        with span("warm-up"):
+            _warm_up(endpoint, config)
     if "single" in wanted:
         begin("single-stream")
         say(f"single-stream: 1 stream x {config.output_tokens} tokens")
-        batch = _short_batch(endpoint, 1, config)
+        with span("single-stream", "single-stream"):
+            batch = _short_batch(endpoint, 1, config)
         results.performance.append(single_stream_figure(batch, config.output_tokens, hardware))
     if "streams" in wanted:
         begin("n-streams")
         say(f"n-streams: {streams} streams x {config.output_tokens} tokens")
-        batch = _short_batch(endpoint, streams, config)
+        with span("n-streams", "n-streams"):
+            batch = _short_batch(endpoint, streams, config)
         results.performance.append(n_streams_figure(batch, config.output_tokens, hardware))
     if "cold" in wanted:
         begin("cold prompts")
@@ -231,22 +253,26 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
         warmup_s: float | None = None
         if config.warmup and lengths:
             say(f"warm-up: one cold prefill of {lengths[0]:,} tokens (not counted)")
-            warm = _cold_runs(endpoint, lengths[0], [depths[0]], config.model_copy(update={"answer_tokens": 1}))
+            with span("cold warm-up"):
+                warm = _cold_runs(endpoint, lengths[0], [depths[0]], config.model_copy(update={"answer_tokens": 1}))
             warmup_s = warm[0][1].e2e_s
         for length in lengths:
             begin(f"cold-prompt-{haystack.format_tokens(length)}")
             say(f"cold prompts: {length:,} tokens at {len(depths)} depth(s)")
-            runs = _cold_runs(endpoint, length, depths, config)
+            name = f"cold-prompt-{haystack.format_tokens(length)}"
+            with span(name, name):
+                runs = _cold_runs(endpoint, length, depths, config)
             results.performance.append(cold_figure(length, runs, config.answer_tokens, hardware, warmup_s))
             warmup_s = None
     if "sweep" in wanted:
         begin("sweep")
         rows: list[dict[str, Any]] = []
+        samples: dict[str, Any] = {}
         try:
-            run_sweep(endpoint, recipe, config, progress, rows)
+            run_sweep(endpoint, recipe, config, progress, rows, samples, lambda level: span(level, "sweep"))
         finally:  # the levels measured before a failure are kept
             if rows:
-                results.performance.append(sweep_figure(_frame(rows), hardware))
+                results.performance.append(sweep_figure(_frame(rows), hardware, samples))
 
 
 def _attach_roofline(results: RunResults, recipe: Recipe) -> None:
