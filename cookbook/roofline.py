@@ -337,8 +337,10 @@ def _batch_verdict(low: RooflineRow, high: RooflineRow, recipe: Recipe) -> str |
                 f"cost per step, as when decode reads every {_dtype(recipe)} expert at each step."
             )
         if time_ratio >= 1 + 0.5 * (bytes_ratio - 1):
-            return f"Step time x{time_ratio:.2f} {span} follows the routed experts' bytes (x{bytes_ratio:.1f}): decode reads only the experts it routes to."
-        return f"Step time x{time_ratio:.2f} {span} while the routed experts' bytes grow x{bytes_ratio:.1f}: between reading only the routed experts and reading them all."
+            return (f"Step time x{time_ratio:.2f} {span} follows the routed experts' bytes (x{bytes_ratio:.1f}): "
+                    "decode reads only the experts it routes to.")
+        return (f"Step time x{time_ratio:.2f} {span} while the routed experts' bytes grow x{bytes_ratio:.1f}: "
+                "between reading only the routed experts and reading them all.")
     if time_ratio >= 1.5:
         return f"Step time x{time_ratio:.2f} {span} with the same weight reads: per-token work (compute, host), not bandwidth, grows with the batch."
     if time_ratio <= 1.2:
