@@ -141,6 +141,7 @@ def _cards_in(description: str) -> int | None:
 def hardware_facts(hardware: Hardware | None, recipe: Recipe | None = None) -> HardwareFacts | None:
     """Facts for the hardware that produced the figures (a run's `hardware`); None when it is unknown, so a run
     on unstated hardware never gets a Gaudi roofline. Without `hardware`, the recipe's own (published figures)."""
+    kind: str
     if hardware is None:
         if recipe is None:
             return None
@@ -378,7 +379,7 @@ def roofline_rows(recipe: Recipe, figures: Iterable[Figure], hardware: Hardware 
 
 
 def _numbers(values: dict[str, object]) -> dict[str, float | int | None]:
-    return {k: v for k, v in values.items() if isinstance(v, (int, float)) or v is None}  # type: ignore[misc]
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) or v is None}
 
 
 def verdict(rows: list[RooflineRow], recipe: Recipe) -> str:
