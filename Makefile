@@ -24,7 +24,7 @@ hooks:           ## the git filter that strips notebooks as they are staged (ide
 	  git config filter.nbstrip.smudge cat; fi
 
 lint:            ## ruff and mypy, as tests/test_hygiene.py runs them
-	$(IN_ENV) ruff check cookbook fixes scripts tests benchmarks
+	$(IN_ENV) ruff check cookbook fixes scripts tests benchmarks notebooks/text
 	$(IN_ENV) mypy
 
 notebooks-sync:  ## rewrite notebooks/text/*.py (the review form) from the notebooks, and strip the notebooks

@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "notebook_hygiene.py"
 # What `make lint` checks; ruff reads its rules and mypy its files and flags from pyproject.toml.
-RUFF_PATHS = ["cookbook", "fixes", "scripts", "tests", "benchmarks"]
+RUFF_PATHS = ["cookbook", "fixes", "scripts", "tests", "benchmarks", "notebooks/text"]
 
 
 def _load_script() -> ModuleType:

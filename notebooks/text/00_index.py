@@ -34,6 +34,8 @@ INTERACTIVE = False
 # The recipes in this checkout, and whether this machine can serve them (a Gaudi recipe needs its image and cards).
 
 # %%
+from IPython.display import display
+
 from cookbook import report
 from cookbook.session import recipes_frame
 

@@ -17,7 +17,7 @@ INTERACTIVE = False  # True in JupyterLab: widgets to pick a recipe and server a
 CHECKS = None        # e.g. ["core"] or ["known-answer", "top-logprobs"]; None: every check that applies to the recipe
 
 # %%
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from cookbook import report
 from cookbook.session import open_session

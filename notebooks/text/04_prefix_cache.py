@@ -18,7 +18,7 @@ PROMPT_TOKENS = None  # prompt lengths in this model's tokens, e.g. [300, 1500, 
 SEED = 0              # needle values and filler text per prompt
 
 # %%
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from cookbook import report
 from cookbook.session import open_session

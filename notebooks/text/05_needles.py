@@ -18,7 +18,7 @@ DEPTHS = None        # needle depths as fractions, e.g. [0.1, 0.5, 0.9]; None: t
 SEED = 0
 
 # %%
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from cookbook import report
 from cookbook.session import open_session

@@ -22,7 +22,7 @@ CHUNKED_PROMPT_TOKENS = 2500  # prompt_logprobs prompt length; None: three and a
 SEED = 0               # filler text of the prompts
 
 # %%
-from IPython.display import Markdown, display
+from IPython.display import display
 import pandas as pd
 
 from cookbook import report
