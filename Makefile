@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
 
-.PHONY: demo test unit setup
+.PHONY: demo test unit setup hooks lint notebooks-sync
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
@@ -15,5 +15,18 @@ test: setup      ## the whole test suite, real CPU servers included
 unit:            ## tests that need no server
 	$(IN_ENV) python -m pytest -q -m "not integration"
 
-setup:           ## build the CPU image and the models once (later runs reuse them)
+setup: hooks     ## build the CPU image and the models once (later runs reuse them)
 	$(IN_ENV) cookbook setup
+
+hooks:           ## the git filter that strips notebooks as they are staged (idempotent; nothing outside a git checkout)
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  git config filter.nbstrip.clean "python3 scripts/notebook_hygiene.py clean" && \
+	  git config filter.nbstrip.smudge cat; fi
+
+lint:            ## ruff and mypy, as tests/test_hygiene.py runs them
+	$(IN_ENV) ruff check cookbook fixes scripts tests benchmarks notebooks/text
+	$(IN_ENV) mypy
+
+notebooks-sync:  ## rewrite notebooks/text/*.py (the review form) from the notebooks, and strip the notebooks
+	python3 scripts/notebook_hygiene.py strip notebooks/*.ipynb
+	$(IN_ENV) python scripts/notebook_hygiene.py sync

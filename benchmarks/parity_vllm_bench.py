@@ -249,7 +249,8 @@ def main() -> int:
     tokenizer = tokenizer_for(recipe)
     runs: dict[str, list[Run]] = {f"{w}/{t}": [] for w in workloads for t in ("cookbook", "vllm bench")}
     with server_for(args, recipe) as endpoint, VllmBench(cpu_image(), tokenizer) as vllm_bench:
-        print(f"server {endpoint.base_url}, model {endpoint.model}; vllm bench serve {' '.join(bench_serve_args(endpoint, tokenizer, streams, streams, args.output_tokens))}")
+        serve_args = bench_serve_args(endpoint, tokenizer, streams, streams, args.output_tokens)
+        print(f"server {endpoint.base_url}, model {endpoint.model}; vllm bench serve {' '.join(serve_args)}")
         run_ours(endpoint, 1, 1, 16)  # warm-up, not counted
         for round_ in range(1, args.rounds + 1):
             for name, (requests, concurrency) in workloads.items():

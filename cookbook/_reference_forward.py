@@ -46,7 +46,7 @@ def _positions(torch: "object", logits: "object", chosen: "list[int] | None", to
     (None: the row's own argmax)."""
     out = []
     for start in range(0, logits.shape[0], _ROWS):  # type: ignore[attr-defined]
-        block = torch.log_softmax(logits[start : start + _ROWS].float(), dim=-1)  # type: ignore[attr-defined]
+        block = torch.log_softmax(logits[start : start + _ROWS].float(), dim=-1)  # type: ignore[attr-defined, index]
         values, ids = torch.topk(block, top_k, dim=-1)  # type: ignore[attr-defined]
         for row in range(block.shape[0]):
             top = [[int(i), float(v)] for i, v in zip(ids[row].tolist(), values[row].tolist())]
@@ -87,7 +87,7 @@ class Forward:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.info["checkpoint"])
-        return [int(t) for t in self._tokenizer(text, add_special_tokens=True)["input_ids"]]
+        return [int(t) for t in self._tokenizer(text, add_special_tokens=True)["input_ids"]]  # type: ignore[misc]
 
     def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int) -> dict:
         torch = self.torch

@@ -159,7 +159,7 @@ def run_batch(
     started = time.monotonic()
     session = open_session(recipe, base_url, run_dir, hardware)
     start = snapshot_server(session.endpoint)
-    common = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
+    common: dict[str, Any] = {"RECIPE": recipe.id, "BASE_URL": base_url, "OUT_DIR": str(run_dir), "HARDWARE": hardware, "INTERACTIVE": False}
     checks = verify_checks(recipe, sources)
     if checks is not None:
         common["CHECKS"] = checks  # only the verify notebook declares CHECKS; --param CHECKS=... still wins

@@ -211,7 +211,8 @@ def gaudi_lines(recipe: Recipe | None, run: Callable[[list[str]], str] | None = 
     if want_sw:
         ok = driver is not None and driver.startswith(want_sw)
         lines.append(Line("ok" if ok else "warn", "Gaudi driver (hl-smi)", f"{want_sw}.x",
-                          f"{driver or 'unknown'}" + ("" if ok else " (the host driver may differ from the image's software: check the support matrix)")))
+                          f"{driver or 'unknown'}"
+                          + ("" if ok else " (the host driver may differ from the image's software: check the support matrix)")))
         if gaudi_sw is not None:
             good = gaudi_sw.startswith(want_sw + ".") or gaudi_sw == want_sw
             lines.append(Line("ok" if good else "FAIL", "Gaudi software in the image (habana-torch-plugin)", f"{want_sw}.*", gaudi_sw))

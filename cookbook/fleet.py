@@ -371,9 +371,9 @@ def write_fleet_index(out: Path, summary: FleetSummary) -> Path:
     figures, perf = _side_by_side(runs, lambda r: [(f.label, f.result) for f in r.performance])
     if figures:
         head = "".join(f"<th>{esc(e.label)}<br><small>{esc(e.hardware)}</small></th>" for e in entries)
-        body = "".join(f"<tr><th>{esc(f)}</th>" + "".join(f"<td>{esc(perf[e.label].get(f, '-'))}</td>" for e in entries) + "</tr>"
+        rows = "".join(f"<tr><th>{esc(f)}</th>" + "".join(f"<td>{esc(perf[e.label].get(f, '-'))}</td>" for e in entries) + "</tr>"
                        for f in figures)
         parts.append("<h2>Performance</h2><p>Each column was measured on the hardware its heading names.</p>"
-                     f"<table><thead><tr><th>Test</th>{head}</tr></thead><tbody>{body}</tbody></table>")
+                     f"<table><thead><tr><th>Test</th>{head}</tr></thead><tbody>{rows}</tbody></table>")
     parts.append("</body></html>\n")
     return write_atomic(out / "index.html", "\n".join(parts))

@@ -428,12 +428,12 @@ def sliding_windows(config: dict[str, Any] | None) -> tuple[int, ...]:
 def _windows_from_config(config: dict[str, Any]) -> tuple[list[int], list[str]]:
     """The config's sliding windows (`sliding_windows`: `sliding_window` where some layer slides, Mistral-style,
     Qwen2's `use_sliding_window`, `text_config`) and its `layer_types`."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     return list(sliding_windows(config)), [str(t) for t in text.get("layer_types") or []]
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     positions = text.get("max_position_embeddings")
     if not isinstance(positions, int) or positions <= 0:
         return None

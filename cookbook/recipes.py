@@ -596,8 +596,8 @@ def render_launch_block(recipe: Recipe, mask_secrets: bool = True) -> str:
         names = ", ".join(SECRET_FLAG_ENV[n] for n in secret_flags)
         lines.append(f"# Set {names} first: secrets are read from the environment, never written here.")
     serve_lines = [f"vllm serve {shell_word(model_argument(recipe))}"]
-    for name, value in recipe.serve.flags.items():
-        words = flag_args(name, value)
+    for name, flag_value in recipe.serve.flags.items():
+        words = flag_args(name, flag_value)
         rendered = [words[0], *(shell_word(w) for w in words[1:])]
         if mask_secrets and name in secret_flags:
             rendered = [words[0], f'"${SECRET_FLAG_ENV[name]}"']

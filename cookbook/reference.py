@@ -100,7 +100,8 @@ class RefScore:
 class Reference(Protocol):
     """Anything that can score a prompt: computed here, a golden file or another server."""
 
-    source: str
+    @property
+    def source(self) -> str: ...
 
     def can_score(self, prompt_ids: list[int]) -> bool:
         """Whether `score` can answer for these token ids (a golden file only knows its own prompts)."""
@@ -475,8 +476,9 @@ class ServerReference:
 
     def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5) -> RefScore:
         served = complete_with_logprobs(self.endpoint, prompt_ids, max_new_tokens, top_k, self.timeout_s)
-        prompt = [None] + [
-            RefPosition(tok, lp, top) for tok, lp, top in zip(prompt_ids[1:], served.prompt_logprobs[1:], served.prompt_top[1:])
+        prompt: list[RefPosition | None] = [None]  # only the first position has no logprob (ignore below)
+        prompt += [
+            RefPosition(tok, lp, top) for tok, lp, top in zip(prompt_ids[1:], served.prompt_logprobs[1:], served.prompt_top[1:])  # type: ignore[arg-type]
         ]
         greedy = [RefPosition(t, lp, top) for t, lp, top in zip(served.tokens, served.logprobs, served.top)]
         return RefScore(self.source, prompt, greedy)
@@ -638,7 +640,7 @@ def reference_for(ctx: ReferenceRequest) -> tuple[Reference | None, str]:
     wanted = str(ctx.params.get("reference") or "").strip()
     if wanted.startswith(("http://", "https://")):
         model = str(ctx.params.get("reference_model") or ctx.endpoint.model)
-        ref = ServerReference(Endpoint(wanted, model))
+        ref: Reference = ServerReference(Endpoint(wanted, model))
         return ref, ref.source
     if wanted not in ("", "golden", "computed"):
         raise CookbookError(f"--param reference: expected golden, computed or a URL, got {wanted!r}")

@@ -81,7 +81,7 @@ def needles_frame(check: CheckResult | None) -> "pd.DataFrame":
     import pandas as pd
 
     cells = (check.details.get("cells") if check else None) or []
-    rows = {}
+    rows: dict[str, dict[int, str]] = {}
     for c in cells:
         rows.setdefault(f"{c['depth']:.0%}", {})[c["prompt_tokens"]] = f"{'found' if c['found'] else 'MISSED'} {c['seconds']:.1f} s"
     frame = pd.DataFrame.from_dict(rows, orient="index")

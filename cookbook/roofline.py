@@ -141,6 +141,7 @@ def _cards_in(description: str) -> int | None:
 def hardware_facts(hardware: Hardware | None, recipe: Recipe | None = None) -> HardwareFacts | None:
     """Facts for the hardware that produced the figures (a run's `hardware`); None when it is unknown, so a run
     on unstated hardware never gets a Gaudi roofline. Without `hardware`, the recipe's own (published figures)."""
+    kind: str
     if hardware is None:
         if recipe is None:
             return None
@@ -337,8 +338,10 @@ def _batch_verdict(low: RooflineRow, high: RooflineRow, recipe: Recipe) -> str |
                 f"cost per step, as when decode reads every {_dtype(recipe)} expert at each step."
             )
         if time_ratio >= 1 + 0.5 * (bytes_ratio - 1):
-            return f"Step time x{time_ratio:.2f} {span} follows the routed experts' bytes (x{bytes_ratio:.1f}): decode reads only the experts it routes to."
-        return f"Step time x{time_ratio:.2f} {span} while the routed experts' bytes grow x{bytes_ratio:.1f}: between reading only the routed experts and reading them all."
+            return (f"Step time x{time_ratio:.2f} {span} follows the routed experts' bytes (x{bytes_ratio:.1f}): "
+                    "decode reads only the experts it routes to.")
+        return (f"Step time x{time_ratio:.2f} {span} while the routed experts' bytes grow x{bytes_ratio:.1f}: "
+                "between reading only the routed experts and reading them all.")
     if time_ratio >= 1.5:
         return f"Step time x{time_ratio:.2f} {span} with the same weight reads: per-token work (compute, host), not bandwidth, grows with the batch."
     if time_ratio <= 1.2:
@@ -376,7 +379,7 @@ def roofline_rows(recipe: Recipe, figures: Iterable[Figure], hardware: Hardware 
 
 
 def _numbers(values: dict[str, object]) -> dict[str, float | int | None]:
-    return {k: v for k, v in values.items() if isinstance(v, (int, float)) or v is None}  # type: ignore[misc]
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) or v is None}
 
 
 def verdict(rows: list[RooflineRow], recipe: Recipe) -> str:

@@ -83,9 +83,9 @@ def secret_values(*envs: Mapping[str, str], flags: Mapping[str, object] | None =
         for name, value in env.items():
             if is_secret_name(name) and plausible_secret(value):
                 found.add(value)
-    for name, value in (flags or {}).items():
-        if name in SECRET_FLAGS and plausible_secret(value):
-            found.add(str(value))
+    for name, flag_value in (flags or {}).items():
+        if name in SECRET_FLAGS and plausible_secret(flag_value):
+            found.add(str(flag_value))
     return sorted(found, key=len, reverse=True)
 
 

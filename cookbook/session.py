@@ -136,7 +136,7 @@ def server_facts(session: Session) -> list[Fact]:
     """What the server reports (/health, /v1/models, /metrics) against the recipe: model, context, caching, pool."""
     endpoint, recipe = session.endpoint, session.recipe
     models = endpoint.http().get("/v1/models").json().get("data", [])
-    served = next((m for m in models if m.get("id") == endpoint.model), {})
+    served: dict[str, Any] = next((m for m in models if m.get("id") == endpoint.model), {})
     metrics = endpoint.metrics()
     cache = next((m.labels for m in metrics if m.name.startswith("vllm:cache_config_info")), {})
     caching = cache.get("enable_prefix_caching")

@@ -284,7 +284,7 @@ def test_symlinked_target_stays_a_symlink_after_apply_and_revert(tmp_path: Path)
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and os.readlink(link) == target
     assert real.read_bytes() == PRISTINE["toypkg/a.py"]
-    assert not list(site.rglob(f"*.cbfix-tmp"))
+    assert not list(site.rglob("*.cbfix-tmp"))
 
 
 def test_symlinked_target_stays_a_symlink_through_a_killed_run_and_its_repair(tmp_path: Path) -> None:

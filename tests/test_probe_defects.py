@@ -1,7 +1,8 @@
 """A real defect for the long-context probes, served for real (a legal but wrong setting), not a proxy fault:
 SmolLM2-135M served with a context twice its positions (`--max-model-len 16384` with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1;
 its config.json says 8,192). vLLM accepts it and answers fluently; a needle read from past position 8,192 is lost.
-One server for this module (COOKBOOK_TEST_LONGCTX_URL attaches to a running one while developing); the clean server (the session's SmolLM2) passes the same probe.
+One server for this module (COOKBOOK_TEST_LONGCTX_URL attaches to a running one while developing); the clean server
+(the session's SmolLM2) passes the same probe.
 
 (The numerics oracle's tests, tests/test_reference_integration.py, serve a RoPE base, a sliding window and an fp8 KV
 cache wrongly; this one is the probes' own.)"""

@@ -12,7 +12,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

@@ -42,7 +42,8 @@ def test_library_imports_without_ipywidgets() -> None:
 
 def test_no_module_but_ui_pulls_in_ipywidgets() -> None:
     code = ("import importlib, pkgutil, sys, cookbook\n"
-            "[importlib.import_module(i.name) for i in pkgutil.walk_packages(cookbook.__path__, 'cookbook.') if i.name != 'cookbook.ui' and not i.name.endswith('__main__')]\n"
+            "[importlib.import_module(i.name) for i in pkgutil.walk_packages(cookbook.__path__, 'cookbook.')"
+            " if i.name != 'cookbook.ui' and not i.name.endswith('__main__')]\n"
             "print('ipywidgets' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

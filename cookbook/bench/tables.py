@@ -63,7 +63,7 @@ def format_report(results: RunResults, rows: list[RooflineRow] | None = None, re
     out = [f"Performance on {results.hardware.description} ({results.model}, {results.started_at})",
            f"measured as: {MEASURED_AS}", ""]
     out += _text_table(("Test", "Result"), performance_rows(results))
-    detail = []
+    detail: list[tuple[str, ...]] = []
     for figure in results.performance:
         m = figure.metrics
         if figure.name == "sweep":

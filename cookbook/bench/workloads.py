@@ -107,7 +107,7 @@ def _streams(config: BenchConfig, recipe: Recipe | None) -> int:
 
 
 def _cold_runs(endpoint: Endpoint, length: int, depths: list[float], config: BenchConfig) -> list[tuple[float, StreamResult, dict[str, Any]]]:
-    runs = []
+    runs: list[tuple[float, StreamResult, dict[str, Any]]] = []
     timeout = haystack.request_timeout(config.cold_timeout_s, length)
     for depth in depths:
         seed = f"bench:{length}:{depth}"

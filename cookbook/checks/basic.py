@@ -172,7 +172,7 @@ def _grade(items: list[KnownAnswer], replies: list[Reply]) -> CheckOutcome:
         if other is not None:
             note += f"; the answer fits another prompt in flight ({other.prompt!r})"
         evidence.append(reply.evidence(note))
-    right = sum(a["ok"] for a in answers)
+    right = sum(bool(a["ok"]) for a in answers)
     return CheckOutcome(right == len(items), f"{right}/{len(items)}", evidence, {"answers": answers})
 
 

@@ -51,8 +51,8 @@ HITS_METRIC = "vllm:prefix_cache_hits_total"
 CPU_DEFAULT_BATCHED_TOKENS = 2048
 DEFAULT_TIE_MARGIN = 0.0
 DEFAULT_MAX_LOGPROB_DIFF = 0.0
-GATE_LEAD_S = 0.3
-STAGGER_S = 0.05  # between burst requests queued behind the gate: they arrive in order, all within its prefill  # how long the gate request runs alone before the burst is released
+GATE_LEAD_S = 0.3  # how long the gate request runs alone before the burst is released
+STAGGER_S = 0.05  # between burst requests queued behind the gate: they arrive in order, all within its prefill
 METRIC_SETTLE_S = 3.0
 
 

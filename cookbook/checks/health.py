@@ -26,6 +26,7 @@ def server_health(ctx: CheckContext) -> CheckOutcome:
     if not ctx.endpoint.healthy():
         note = f"{ctx.endpoint.base_url}/health does not answer 200 after the checks"
         return CheckOutcome(False, "unhealthy after the checks", [Evidence(note=note)], details)
+    problem: str | None
     try:
         now = ctx.endpoint.process_start_time()
     except ServerError as exc:

@@ -19,7 +19,6 @@ from ..errors import CookbookError, ServerError
 from ..haystack import request_timeout, server_max_model_len, sliding_windows
 from ..recipes import OracleTolerance
 from ..reference import (
-    NO_REFERENCE,
     GoldenReference,
     Layout,
     OraclePrompt,

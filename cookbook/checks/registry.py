@@ -171,7 +171,6 @@ def run_checks(
     server-health can tell a restart during the run; after a check that did not pass, /health decides whether
     the server is still there.
     """
-    recipe = ctx.recipe
     if ctx.budget_s is not None:
         ctx.endpoint.budget = Deadline(ctx.budget_s, "the run's budget")
     try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..pages import default_results, render_page, write_atomic
 from ..recipes import load_recipe
-from ..results import read_results
+from ..results import RunResults, read_results
 from ._common import add_out_arg, add_recipe_arg, out_file
 
 EXAMPLES = """
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     if args.results is not None:
         path = args.results / "results.json" if args.results.is_dir() else args.results
-        results = read_results(path)
+        results: RunResults | None = read_results(path)
     else:
         results = default_results(recipe)
     text = render_page(recipe, results)

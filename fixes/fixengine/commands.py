@@ -248,7 +248,7 @@ def cmd_status(pack: Pack, profile: Profile, root: Path | None, lock_timeout: fl
     orphans = orphaned_originals(image, ledger, current)
     lines = [f"profile {profile.name}: {profile.image}"]
     if journal:
-        lines.append(f"  partial state: an interrupted run left a journal; the next apply or revert repairs it")
+        lines.append("  partial state: an interrupted run left a journal; the next apply or revert repairs it")
     lines.append("  pins:")
     width = max((len(p["what"]) for p in pins), default=0)
     lines += [f"    {'ok' if p['ok'] else 'MISMATCH':<9} {p['what']:<{width}}  expected {p['expected']}, "

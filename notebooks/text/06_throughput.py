@@ -1,0 +1,88 @@
+# %% [markdown]
+# # 6. Throughput and latency: the Performance table, a sweep, the roofline
+#
+# The seeds' Performance table: one stream of 256 tokens, N streams (N = the recipe's `--max-num-seqs`) of 256 tokens
+# each, and cold long prompts (a fresh `cache_salt` each, token-exact by `/tokenize`) timed to the answer. Every
+# request streams, with a fixed output length (`ignore_eos`, `max_tokens`) and a timeout; a failed request is counted
+# beside its figure. Behind the table: TTFT, inter-token latency, TPOT and end to end with p50 / p90 / p99, a
+# concurrency sweep, and the roofline: how far decode runs from the bandwidth bound of the hardware that produced
+# the figures (a CPU figure here is a CPU figure, never a Gaudi one).
+
+# %% tags=["parameters"]
+RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recipe id (cookbook recipe list)
+BASE_URL = None      # a running server, e.g. "http://127.0.0.1:8000"; None launches the recipe's own
+OUT_DIR = None       # where parts, figures and the executed notebook go; None: runs/interactive/<recipe>
+HARDWARE = None      # "gaudi2:four Gaudi 2 cards" when attached to a Gaudi server; None: this machine for CPU recipes
+INTERACTIVE = False  # True in JupyterLab: widgets to pick a recipe and server and re-run with live progress
+OUTPUT_TOKENS = 256  # tokens each short-prompt stream generates (the seeds: 256)
+STREAMS = None       # N of the N-stream figure; None: the recipe's --max-num-seqs
+LONG_LENGTHS = None  # cold prompt lengths in tokens, e.g. [2000, 7600]; None: the recipe's needle lengths
+LONG_DEPTHS = None   # needle depths, one cold request each per length; None: the recipe's
+SWEEP_LEVELS = None  # concurrency levels, e.g. [1, 2, 4, 8]; None: 1, 2, 4 ... up to N
+WORKLOADS = ["single", "streams", "cold", "sweep"]
+
+# %%
+from IPython.display import Markdown, display
+
+from cookbook import report
+from cookbook.session import open_session
+
+report.setup_display()
+session = open_session(RECIPE, BASE_URL, OUT_DIR, HARDWARE)
+print(f"{session.recipe.id} at {session.endpoint.base_url} (model {session.endpoint.model}); results in {session.out_dir}")
+
+# %%
+if INTERACTIVE:
+    from cookbook import ui
+
+    display(ui.bench_panel(RECIPE, session.endpoint.base_url, OUT_DIR, HARDWARE, OUTPUT_TOKENS))
+
+# %% [markdown]
+# ## The Performance table
+
+# %%
+from cookbook import bench, plots, roofline
+
+config = bench.BenchConfig(output_tokens=OUTPUT_TOKENS, streams=STREAMS, long_lengths=LONG_LENGTHS,
+                           long_depths=LONG_DEPTHS, sweep_levels=SWEEP_LEVELS)
+results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware, WORKLOADS)
+display(Markdown(results.performance_note))
+report.figures_frame(results)
+
+# %% [markdown]
+# The detail behind it: requests, failures and latency percentiles per figure (ms; end to end in s).
+
+# %%
+bench.detail_frame(results)
+
+# %% [markdown]
+# ## Throughput and latency against concurrency
+
+# %%
+sweep = bench.sweep_frame(results)
+title = f"{results.model} on {results.hardware.description}"
+session.show_figure(plots.throughput_figure(sweep, title), "throughput") if not sweep.empty else "no sweep in WORKLOADS"
+
+# %%
+session.show_figure(plots.latency_figure(sweep, title), "latency") if not sweep.empty else "no sweep in WORKLOADS"
+
+# %% [markdown]
+# ## The roofline
+#
+# Bytes a decode step must read at each batch (for MoE: the expected distinct experts touched), the hardware's
+# bandwidth, and the measured fraction of that bound (MBU).
+
+# %%
+rows = roofline.roofline_rows(session.recipe, results.performance, results.hardware)
+print(roofline.verdict(rows, session.recipe))
+for row in rows:
+    print(row.line())
+facts = roofline.hardware_facts(results.hardware, session.recipe)
+session.show_figure(plots.roofline_figure(rows, session.recipe, facts), "roofline")
+
+# %%
+session.write_part("throughput", results)
+
+# %%
+if not INTERACTIVE:  # interactive: a server this notebook launched runs until the kernel stops
+    session.close()  # stops the server only if this notebook launched it
