@@ -260,8 +260,8 @@ def trend_runs(runs: Sequence[RunResults], names: Sequence[str], threshold: floa
         points: list[TrendPoint] = []
         reference: TrendPoint | None = None
         for name, run in items:
-            figure = run.figure(figure_name)
-            value = figure.metrics.get(metric) if figure is not None else None
+            found = run.figure(figure_name)
+            value = found.metrics.get(metric) if found is not None else None
             point = TrendPoint(run=name, value=value)
             if value is not None:
                 if not math.isfinite(value):

@@ -290,21 +290,27 @@ def ttft_prompt_length_figure(results: "RunResults", title: str = "") -> "Figure
     prefill, which may compile) marked apart, and a line through the origin at the measured prefill rate."""
     figure = _new_figure(7.0, 4.4)
     axes = figure.subplots()
-    lengths, ttfts, failed, warmups = [], [], [], []
+    lengths: list[float] = []
+    ttfts: list[float] = []
+    failed: list[float] = []
+    warmups: list[float] = []
     for fig in results.performance:
         if not fig.name.startswith("cold-prompt-"):
             continue
         for request in fig.details.get("requests", []):
             length = request.get("prompt_tokens") or fig.metrics.get("prompt_tokens")
+            if length is None:
+                continue
             if request.get("ttft_s") is not None:
                 lengths.append(length)
                 ttfts.append(request["ttft_s"])
             elif length:
                 failed.append(length)
         warm = fig.details.get("warmup_cold_prefill_s")
-        if warm is not None:
+        warm_length = fig.metrics.get("prompt_tokens")
+        if warm is not None and warm_length is not None:
             warmups.append(warm)
-            axes.plot([fig.metrics.get("prompt_tokens")], [warm], "^", color="#f9a825", markersize=9,
+            axes.plot([warm_length], [warm], "^", color="#f9a825", markersize=9,
                       label="warm-up: first cold prefill (not counted)")
     if lengths:
         axes.plot(lengths, ttfts, "o", color="#1565c0", label="cold prompt (fresh cache_salt)")

@@ -2,8 +2,9 @@
 
 Four parts: `client` (streamed requests timed like `vllm bench serve`, in concurrent batches, over the openai
 client's aiohttp transport), `workloads` (what is sent: single stream, N streams, cold long prompts, the sweep),
-`stats` (percentiles, summaries, outliers), `kvcache` (KV-cache usage sampled from /metrics during a run) with `figures` (the results file's Figure records and their wording; plots are
-cookbook.plots), and `tables` (the text report and DataFrames for notebooks). Results are `Figure`s of the shared
+`stats` (percentiles, summaries, outliers), `kvcache` (KV-cache usage sampled from /metrics during a run),
+`figures` (the results file's Figure records and their wording; plots are cookbook.plots), and
+`tables` (the text report and DataFrames for notebooks). Results are `Figure`s of the shared
 `RunResults` (names stable: single-stream, n-streams, cold-prompt-<length>, sweep), each with the seeds' "measured
 as" wording and the hardware that produced it.
 """

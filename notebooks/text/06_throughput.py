@@ -67,6 +67,43 @@ session.show_figure(plots.throughput_figure(sweep, title), "throughput") if not 
 session.show_figure(plots.latency_figure(sweep, title), "latency") if not sweep.empty else "no sweep in WORKLOADS"
 
 # %% [markdown]
+# ## Per request: distributions and outliers
+#
+# Every request's time to first token and every gap between two tokens, per figure and sweep level (warm-up not
+# included). A graph recompile or a stall hides in a mean; here it is a red diamond above the dashed fence, counted:
+# an outlier lies above Q3 + 3 x IQR and above twice the median (`bench.stats.OUTLIER_RULE`).
+
+# %%
+session.show_figure(plots.latency_distribution_figure(results), "latency_distribution")
+
+# %% [markdown]
+# ## Throughput against latency
+#
+# The sweep as a curve: aggregate tokens/s against TTFT and inter-token latency (p50 and p99), each point labelled
+# with its stream count. Where the curve turns flat, more streams buy latency and no throughput.
+
+# %%
+session.show_figure(plots.throughput_latency_figure(sweep, title), "throughput_latency") if not sweep.empty else "no sweep in WORKLOADS"
+
+# %% [markdown]
+# ## TTFT against prompt length (cold prompts)
+#
+# Each cold prompt (a fresh `cache_salt`) at its length, the first cold prefill (the warm-up, which may compile)
+# apart, and the mean prefill rate as a line.
+
+# %%
+session.show_figure(plots.ttft_prompt_length_figure(results), "ttft_prompt_length")
+
+# %% [markdown]
+# ## KV-cache usage over the run
+#
+# The server's KV-cache usage gauge read from `/metrics` while the workloads ran, each workload shaded (warm-ups
+# hatched); the figure says so when the server exposes no such gauge.
+
+# %%
+session.show_figure(plots.kv_cache_figure(results), "kv_cache")
+
+# %% [markdown]
 # ## The roofline
 #
 # Bytes a decode step must read at each batch (for MoE: the expected distinct experts touched), the hardware's
