@@ -55,7 +55,7 @@ def single_stream_figure(batch: BatchResult, output_tokens: int, hardware: Hardw
     return Figure(
         name="single-stream",
         label=f"One stream, short prompt, {output_tokens} tokens",
-        result=f"{_fmt_rate(rate)} tokens/s" if rate is not None else "failed",  # type: ignore[arg-type]
+        result=f"{_fmt_rate(rate)} tokens/s" if rate is not None else "failed",
         measured_as=_measured_as("", hardware),
         metrics=metrics,
         failed_requests=batch.failed,
@@ -79,7 +79,10 @@ def n_streams_figure(batch: BatchResult, output_tokens: int, hardware: Hardware)
     )
 
 
-def cold_figure(length: int, runs: list[tuple[float, StreamResult, dict[str, Any]]], answer_tokens: int, hardware: Hardware, warmup_s: float | None) -> Figure:
+def cold_figure(
+    length: int, runs: list[tuple[float, StreamResult, dict[str, Any]]], answer_tokens: int, hardware: Hardware,
+    warmup_s: float | None,
+) -> Figure:
     """One cold-prompt length: every depth's request, time to the (fixed-length) answer as a value or a range."""
     ok = [r for _, r, _ in runs if r.ok and r.e2e_s is not None]
     seconds = [r.e2e_s for r in ok if r.e2e_s is not None]
@@ -129,7 +132,10 @@ def cold_figure(length: int, runs: list[tuple[float, StreamResult, dict[str, Any
 def sweep_figure(frame: "pd.DataFrame", hardware: Hardware, samples: dict[str, Any] | None = None) -> Figure:
     """The sweep as one figure: the aggregate at each level in the result, every row in details['rows'], each
     level's per-request samples (and their outliers) in details['samples'] by stream count."""
-    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in frame.to_dict("records")]
+    rows: list[dict[str, Any]] = [
+        {str(k): (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        for row in frame.to_dict("records")
+    ]
     levels = [int(r["streams"]) for r in rows]
     rates = ", ".join(_fmt_rate(r["aggregate_tokens_per_s"]) for r in rows)
     peak = max(rows, key=lambda r: r["aggregate_tokens_per_s"] or 0)
