@@ -186,19 +186,20 @@ class NeedleExpectation(_Strict):
 
 
 class EngineStatesExpectation(_Strict):
-    """Tolerances of the engine-states probes (same-step prefixes, preemption, chunked prefill, batch composition)."""
+    """Tolerances of the engine-states probes (same-step prefixes, preemption, chunked prefill, batch composition).
+    A field left out is the served dtype's tolerance (bf16 0.15, fp16 0.05, fp32 0.001, fp8 0.3); 0 is bit-identical."""
 
-    max_logprob_diff: float = Field(
-        0.0, ge=0, description="Allowed max |run - solo run| of the chosen tokens' logprobs (0: bit-identical)"
+    max_logprob_diff: float | None = Field(
+        None, ge=0, description="Allowed max |run - solo run| of the chosen tokens' logprobs (0: bit-identical)"
     )
-    tie_margin: float = Field(
-        0.0,
+    tie_margin: float | None = Field(
+        None,
         ge=0,
         description="bf16 near-tie: a first differing token whose two candidates are within this many nats of each "
         "other in the solo run's top-k (and moved by no more than max_logprob_diff in the other run) is a tie, not a fail",
     )
-    prompt_logprobs_max_diff: float = Field(
-        0.0,
+    prompt_logprobs_max_diff: float | None = Field(
+        None,
         ge=0,
         description="Allowed max |difference| of prompt logprobs (top-k entries included) between two computation "
         "paths: the sampler's next-token logprobs at a chunk boundary, or another server's chunking",

@@ -21,6 +21,7 @@ from cookbook.checks.engine_states import (
     Expectation,
     chunk_boundaries,
     compare_runs,
+    expectation,
     first_divergence,
     parse_completion,
     plan_preemption,
@@ -31,7 +32,7 @@ from cookbook.errors import CookbookError, RecipeError
 from cookbook.faultproxy import Exchange, FaultProxy
 from cookbook.faults_states import CorruptInFlight, RepeatTail, ShiftPromptLogprobs
 from cookbook.launch import Server, free_port, launch_flags, session_pids
-from cookbook.recipes import Recipe, load_recipe
+from cookbook.recipes import EngineStatesExpectation, Recipe, load_recipe
 from cookbook.results import RunResults
 
 NAMES = ["same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition"]
@@ -90,6 +91,25 @@ def test_logprob_drift_beyond_the_recipe_fails_and_is_measured() -> None:
     result = compare_runs("p", solo, run, Expectation(max_logprob_diff=0.25, tie_margin=0.1))
     assert result.tokens_identical and result.max_logprob_diff == pytest.approx(0.4)
     assert "differ from the solo run by 0.4" in result.problems[0]
+
+
+def test_tolerances_come_from_the_recipe_else_its_dtype() -> None:
+    """A recipe with no engine_states settings is judged within its dtype's tolerance (the prefix-cache probe's),
+    not bit-identity; a recipe's field, then a check parameter, wins; a recipe may ask for 0."""
+    endpoint = Endpoint("http://127.0.0.1:9", "m")
+    gemma = load_recipe("cookbook/tiny-gemma3")
+    assert gemma.verification.engine_states is None and gemma.precision.dtype == "bf16"
+    plain = expectation(CheckContext(endpoint, gemma))
+    assert (plain.max_logprob_diff, plain.tie_margin, plain.prompt_logprobs_max_diff) == (0.15, 0.15, 0.15)
+    assert "bf16 default 0.15" in plain.source
+    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    own = expectation(CheckContext(endpoint, smol, params={"tie_margin": 0}))
+    assert (own.max_logprob_diff, own.tie_margin, own.prompt_logprobs_max_diff) == (0.25, 0.0, 0.5)
+    assert "tie_margin from check parameter" in own.source
+    verification = gemma.verification.model_copy(update={"engine_states": EngineStatesExpectation(max_logprob_diff=0)})
+    strict = gemma.model_copy(update={"verification": verification})
+    partial = expectation(CheckContext(endpoint, strict))
+    assert (partial.max_logprob_diff, partial.tie_margin) == (0.0, 0.15)
 
 
 def _layout(pool: int, block: int = 128, context: int = 8192, seqs: int = 8, chunk: int | None = 2048) -> EngineLayout:
