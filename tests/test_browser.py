@@ -273,6 +273,7 @@ def test_verify_panel_runs_checks_against_the_server(lab: Lab, stages: Stages, c
         panel = page.locator(".jp-NotebookPanel .widget-vbox", has=page.locator(".widget-select-multiple")).first
         panel.wait_for(state="visible")
         assert page.locator(".jp-NotebookPanel", has_text="checks met the recipe's expectation").count() == 1
+        panel.scroll_into_view_if_needed()
         stages.shot("ran-all-panel-shown")
 
         picker = panel.locator(".widget-dropdown select").first
@@ -324,7 +325,7 @@ def test_fixes_panel_shows_the_fix_states(lab: Lab, stages: Stages, cpu_server: 
         run_all(page)
         wait_all_ran(page)
         panel = page.locator(".jp-NotebookPanel .widget-vbox", has=page.get_by_role("button", name="Show fix state")).first
-        panel.wait_for(state="visible")
+        panel.scroll_into_view_if_needed()
         stages.shot("ran-all-panel-shown")
 
         panel.get_by_role("button", name="Show fix state").click()
