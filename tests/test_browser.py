@@ -238,19 +238,20 @@ def run_all(page: Any) -> None:
 def wait_all_ran(page: Any) -> None:
     """Every code cell has an execution count and the kernel is idle again; no cell shows an error."""
 
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback")
+
     def done() -> bool:
+        assert errors.count() == 0, f"a cell failed: {errors.first.inner_text()[:2000]}"  # Run All stops there
         prompts = page.locator(".jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
         return bool(prompts) and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
 
     _until("every cell to run (an execution count in each prompt)", done)
     wait_idle(page)
-    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback")
-    assert errors.count() == 0, f"a cell failed: {errors.first.inner_text()[:2000]}"
 
 
-# The value of each ipywidgets progress bar on the page, in percent, as it draws it (the bar's width or height).
-PROGRESS_JS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jupyter-widgets .progress > .progress-bar')]
-  .map(bar => parseFloat(bar.closest('.widget-vprogress') ? bar.style.height : bar.style.width))"""
+# An ipywidgets progress bar's value in percent, as the browser draws it (the bar's width, or height if vertical).
+PROGRESS_BAR = ".jupyter-widgets .progress > .progress-bar"
+PERCENT_JS = "bars => bars.map(bar => parseFloat(bar.closest('.widget-vprogress') ? bar.style.height : bar.style.width))"
 
 
 def test_verify_panel_runs_checks_against_the_server(lab: Lab, stages: Stages, cpu_server: Endpoint) -> None:
@@ -289,7 +290,7 @@ def test_verify_panel_runs_checks_against_the_server(lab: Lab, stages: Stages, c
 
         def progress_then_table() -> bool:
             nonlocal shot_mid
-            values = page.evaluate(PROGRESS_JS)
+            values = panel.locator(PROGRESS_BAR).evaluate_all(PERCENT_JS)
             if values and (not seen or values[-1] != seen[-1]):
                 seen.append(values[-1])
                 if 0 < values[-1] < 100 and not shot_mid:
