@@ -14,7 +14,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import httpx2 as httpx
 import pytest
 
 from cookbook.endpoint import Endpoint
+from cookbook.launch import free_port
 from cookbook.results import read_results
 
 pytestmark = pytest.mark.integration
@@ -54,12 +54,6 @@ class Lab:
     out_dir: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _until(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:
     """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -79,7 +73,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp_path_factory.mktemp("lab")
     books = root / "notebooks"
     shutil.copytree(REPO / "notebooks", books, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_DATA_DIR": str(root / "data"),
            "COOKBOOK_LAB_ROOT": str(books)}
     news = root / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
