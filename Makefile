@@ -4,19 +4,20 @@
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
 
-.PHONY: demo test unit setup hooks lint notebooks-sync
+.PHONY: demo test unit setup hooks lint notebooks-sync lab browser
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
 
-test: setup      ## the whole test suite, real CPU servers included
+test: setup browser  ## the whole test suite, real CPU servers and a real browser included
 	$(IN_ENV) python -m pytest -q
 
 unit:            ## tests that need no server
 	$(IN_ENV) python -m pytest -q -m "not integration"
 
-setup: hooks     ## build the CPU image and the models once (later runs reuse them)
+setup: hooks     ## build the CPU image and the models once (later runs reuse them); install the Jupyter kernel
 	$(IN_ENV) cookbook setup
+	$(IN_ENV) scripts/install-kernel.sh
 
 hooks:           ## the git filter that strips notebooks as they are staged (idempotent; nothing outside a git checkout)
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
@@ -30,3 +31,9 @@ lint:            ## ruff and mypy, as tests/test_hygiene.py runs them
 notebooks-sync:  ## rewrite notebooks/text/*.py (the review form) from the notebooks, and strip the notebooks
 	python3 scripts/notebook_hygiene.py strip notebooks/*.ipynb
 	$(IN_ENV) python scripts/notebook_hygiene.py sync
+
+browser:         ## Debian's Chromium for the browser test (apt, once; needs root)
+	scripts/install-chromium.sh
+
+lab:             ## JupyterLab on notebooks/ with the gaudi-cookbook kernel, on 127.0.0.1 with a token (URL printed)
+	$(IN_ENV) scripts/lab.sh

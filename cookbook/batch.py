@@ -82,7 +82,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
     try:
         with scrubbed_logs("papermill", "nbclient", "traitlets"):  # at DEBUG papermill logs every kernel message
             pm.execute_notebook(
-                str(source), str(executed), parameters=parameters, kernel_name="python3", language="python",
+                str(source), str(executed), parameters=parameters, kernel_name="gaudi-cookbook", language="python",
                 progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise
             )

@@ -15,7 +15,7 @@ try:
 except ImportError as exc:  # pragma: no cover - only without the notebook extras
     raise ImportError("cookbook.ui needs ipywidgets (pip install 'gaudi-cookbook[notebook]')") from exc
 
-from . import report
+from . import plots, report
 from .recipes import list_recipes, load_recipe
 from .results import RunResults
 from .session import FixState, Session, facts_frame, fix_state, open_session, required_fixes_frame, server_facts
@@ -103,7 +103,8 @@ def checks_panel(
     hardware: str | None = None,
     part: str = "verify",
 ) -> widgets.VBox:
-    """Pick checks (preselected: `names`) and run them; the table appears below and is saved as part `part`."""
+    """Pick checks (preselected: `names`) and run them; the table and the time-per-check figure appear below, saved as
+    part `part` and `part`.png."""
     from .checks import CHECKS, run_checks, selected_checks
 
     chooser = widgets.SelectMultiple(options=list(CHECKS), value=tuple(names or ()), description="Checks",
@@ -112,16 +113,18 @@ def checks_panel(
     def chosen() -> list[str] | None:
         return list(chooser.value) or None
 
-    def run(session: Session, tick: Tick) -> RunResults:
+    def run(session: Session, tick: Tick) -> tuple[RunResults, Any]:
         results = run_checks(session.check_context(), names=chosen(), progress=tick)
         session.write_part(part, results)
-        return results
+        return results, session.show_figure(plots.checks_figure(results), part)  # saved as PART.png, as 03 does
 
     def total(recipe_id: str) -> int:
         return len(selected_checks(chosen(), load_recipe(recipe_id)))
 
-    def show(results: RunResults) -> None:
+    def show(shown: tuple[RunResults, Any]) -> None:
+        results, figure = shown
         display(report.checks_frame(results))
+        display(figure)
 
     return step_panel("Run checks", with_session(run, out_dir, hardware), total, show, recipe, base_url, [chooser])
 

@@ -30,4 +30,6 @@ export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$venv/bin:$PATH"
 export COOKBOOK_CACHE="$cache"
 export HF_HUB_OFFLINE=1
+# The `gaudi-cookbook` Jupyter kernel that papermill and `make lab` use: installed where it is absent.
+"$here/scripts/install-kernel.sh" --if-missing || echo "cookbook: warning: the Jupyter kernel gaudi-cookbook is not installed" >&2
 exec "$@"

@@ -5,7 +5,7 @@
 #   scripts/screenshot_report.sh RUN_DIR [OUT.png]      (OUT defaults to RUN_DIR/index.png)
 #
 # Debian packages Chromium as `chromium`; if no Chromium is installed this script installs it with
-# `apt-get update && apt-get install -y chromium` (needs root) and says so. The browser runs with a fresh profile
+# scripts/install-chromium.sh (apt-get install chromium; needs root) and says so. The browser runs with a fresh profile
 # that is deleted afterwards, and with background networking, updates and sync off: the report loads nothing
 # from the network.
 set -euo pipefail
@@ -20,9 +20,9 @@ out="${2:-$run_dir/index.png}"
 
 browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
 if [ -z "$browser" ]; then
-  echo "screenshot_report: no Chromium found; installing it: apt-get update && apt-get install -y chromium" >&2
-  apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >&2
-  browser="$(command -v chromium)"
+  echo "screenshot_report: no Chromium found; installing Debian's (scripts/install-chromium.sh)" >&2
+  "$(dirname "${BASH_SOURCE[0]}")/install-chromium.sh"
+  browser=/usr/bin/chromium
 fi
 
 profile="$(mktemp -d)"

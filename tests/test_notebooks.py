@@ -8,6 +8,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +22,12 @@ from cookbook.recipes import load_recipe
 from cookbook.results import read_results
 from cookbook.run_folder import BatchSummary
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 CPU = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PLANTED = "hf_cookbookPlantedSecret7f3a9c"
+KERNEL = "gaudi-cookbook"  # the cookbook env's kernel (scripts/install-kernel.sh), never whatever `python3` is
+KERNELSPEC = {"display_name": "Gaudi Cookbook", "language": "python", "name": KERNEL}
 # Small but real: every notebook does its job, at lengths that keep the test short on two cores.
 SMALL = {
     "CHECKS": ["known-answer", "top-logprobs", "json-schema", "logit-bias", "server-health"],
@@ -72,7 +77,7 @@ def test_the_set_is_complete() -> None:
 def test_committed_without_outputs_and_with_ci_safe_parameters(path: Path) -> None:
     book = nbformat.read(str(path), as_version=4)
     nbformat.validate(book)
-    assert book.metadata["kernelspec"]["name"] == "python3"
+    assert book.metadata["kernelspec"] == KERNELSPEC, f"{path.name}: the notebook must name the gaudi-cookbook kernel"
     for cell in book.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [], f"{path.name}: a committed cell has outputs (strip them)"
@@ -81,6 +86,41 @@ def test_committed_without_outputs_and_with_ci_safe_parameters(path: Path) -> No
     assert f'RECIPE = "{CPU}"' in params and "INTERACTIVE = False" in params
     if path.stem != "00_index":
         assert "BASE_URL = None" in params and "OUT_DIR = None" in params
+
+
+def test_the_kernel_is_installed_and_runs_this_env_and_checkout() -> None:
+    """The spec that papermill (and JupyterLab from this env) finds first is the venv's copy; the kernel it starts is
+    this venv's python, imports this checkout's cookbook and sees HF_HUB_OFFLINE=1."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import start_new_kernel
+
+    spec = KernelSpecManager().get_kernel_spec(KERNEL)
+    assert spec.display_name == "Gaudi Cookbook" and spec.language == "python"
+    assert Path(spec.resource_dir).is_relative_to(sys.prefix), f"{spec.resource_dir} is not the venv's copy"
+    manager, client = start_new_kernel(kernel_name=KERNEL, startup_timeout=120)
+    try:
+        code = "import sys, os, cookbook; print(sys.prefix, os.path.dirname(os.path.dirname(cookbook.__file__)), os.environ.get('HF_HUB_OFFLINE'))"
+        said: list[str] = []
+        reply = client.execute_interactive(code, timeout=60, output_hook=lambda m: said.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert "".join(said).split() == [sys.prefix, str(REPO), "1"]
+
+
+def test_installing_the_kernel_twice_changes_nothing(tmp_path: Path) -> None:
+    """scripts/install-kernel.sh writes the user's copy once (here a temporary user folder) and then nothing."""
+    env = {**os.environ, "JUPYTER_DATA_DIR": str(tmp_path)}
+    script = str(REPO / "scripts" / "install-kernel.sh")
+    first = subprocess.run([script, "--if-missing"], env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    spec = tmp_path / "kernels" / KERNEL
+    assert f"installed in {spec}" in first.stderr and json.loads((spec / "kernel.json").read_text())["display_name"] == "Gaudi Cookbook"
+    written = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in spec.iterdir()}
+    again = subprocess.run([script], env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and f"installed in {spec}" not in again.stderr, again.stderr
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in spec.iterdir()} == written
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +136,7 @@ def batch_run(
     """The whole notebook set against the real server, a leaking, failing notebook planted third."""
     books = tmp_path_factory.mktemp("books")
     failing = nbformat.v4.new_notebook()
-    failing.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    failing.metadata["kernelspec"] = KERNELSPEC
     failing.cells = [nbformat.v4.new_code_cell(LEAKS)]
     nbformat.write(failing, str(books / "02b_planted_failure.ipynb"))
     sources: list[str | Path] = [*batch.BATCH_NOTEBOOKS[:2], books / "02b_planted_failure.ipynb", *batch.BATCH_NOTEBOOKS[2:]]
@@ -211,13 +251,13 @@ def test_index_notebook_and_interactive_mode_run_headless(cpu_server: Endpoint, 
     """00_index runs as committed; 02_launch with INTERACTIVE = True shows its panel and never waits for a click."""
     import papermill as pm
 
-    pm.execute_notebook(str(NOTEBOOKS[0]), str(tmp_path / "00.ipynb"), kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(str(NOTEBOOKS[0]), str(tmp_path / "00.ipynb"), kernel_name=KERNEL, progress_bar=False)
     index = nbformat.read(str(tmp_path / "00.ipynb"), as_version=4)
     text = json.dumps([c.get("outputs", []) for c in index.cells])
     assert "Qwen/Qwen3-Coder-Next" in text and "needs 4x Gaudi 2" in text
     launch = batch.NOTEBOOKS_DIR / "02_launch.ipynb"
     params = {"BASE_URL": cpu_server.base_url, "OUT_DIR": str(tmp_path), "INTERACTIVE": True}
-    pm.execute_notebook(str(launch), str(tmp_path / "02.ipynb"), parameters=params, kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(str(launch), str(tmp_path / "02.ipynb"), parameters=params, kernel_name=KERNEL, progress_bar=False)
     outputs = json.dumps([c.get("outputs", []) for c in nbformat.read(str(tmp_path / "02.ipynb"), as_version=4).cells])
     assert "application/vnd.jupyter.widget-view+json" in outputs
     assert read_results(tmp_path / "parts" / "launch.json").kv_pool_tokens
