@@ -44,6 +44,8 @@ _KV_PATTERNS = (
     re.compile(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens"),
 )
 _KV_BLOCKS = re.compile(r"Usable num_blocks: ([\d,]+)")
+# vLLM's log prefix, `(APIServer pid=5892) INFO 12-01 13:39:33 [compilation.py:317] `: the progress shows the message.
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
 
 Say = Callable[[str], None]
 
@@ -311,8 +313,8 @@ class Server:
                 if endpoint.healthy(timeout_s=1.0):
                     task.finish("/health answers")
                     return
-                last = next((line for line in reversed(self._tail) if line.strip()), "")
-                task.update(f"waiting for /health: {escape_control(last.strip())[:160]}" if last else "waiting for /health")
+                last = _LOG_PREFIX.sub("", next((line for line in reversed(self._tail) if line.strip()), "").strip())
+                task.update(f"waiting for /health: {escape_control(last)[:160]}" if last else "waiting for /health")
                 time.sleep(0.5)
         finally:
             endpoint.close()

@@ -68,6 +68,7 @@ class Task:
         self.name = name
         self.total = total
         self.done = 0
+        self.begun = 0  # steps begun with `step`; `update` only changes the detail
         self.detail = ""
         self.started = time.monotonic()
 
@@ -76,13 +77,15 @@ class Task:
         return time.monotonic() - self.started
 
     def _emit(self, finished: bool = False) -> None:
-        self.progress(Event(self.name, self.detail, self.done if self.total is not None or self.done else None,
-                            self.total, round(self.elapsed_s, 1), finished))
+        counted = self.total is not None or self.begun > 0
+        self.progress(Event(self.name, self.detail, self.done if counted else None, self.total,
+                            round(self.elapsed_s, 1), finished))
 
     def step(self, detail: str) -> None:
         """A step begins: `done` counts the steps begun before it."""
-        if self.detail:
+        if self.begun:
             self.done += 1
+        self.begun += 1
         self.detail = detail
         self._emit()
 
@@ -93,10 +96,7 @@ class Task:
         self._emit()
 
     def finish(self, detail: str | None = None) -> None:
-        if self.total is not None:
-            self.done = self.total
-        elif self.detail:
-            self.done += 1
+        self.done = self.total if self.total is not None else self.begun
         if detail is not None:
             self.detail = detail
         self._emit(finished=True)
