@@ -258,3 +258,45 @@ def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp
     assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
     assert "interrupted during start-up" in rest
     assert session_pids(sid) == []
+
+
+# -- the producers ----------------------------------------------------------------------------------------------
+
+
+def test_run_checks_reports_a_step_per_check_and_a_check_its_cells() -> None:
+    from cookbook.checks import CheckContext, run_checks
+    from cookbook.endpoint import Endpoint
+    from cookbook.launch import free_port
+
+    events: list[Event] = []
+    ctx = CheckContext(Endpoint(f"http://127.0.0.1:{free_port()}", "m"))  # nobody there: every check "not run"
+    results = run_checks(ctx, ["server-health", "known-answer"], progress=events.append)
+    assert [c.status for c in results.checks] == ["not run", "not run"]
+    first, second = (c.name for c in results.checks)  # in the registry's order
+    assert [(e.detail, e.done, e.total, e.finished) for e in events] == [
+        (first, 0, 2, False), (second, 1, 2, False), (second, 2, 2, True)]
+    ctx.task = Task(events.append, "checks", total=1)
+    ctx.task.step("needles")
+    ctx.report("cell 3/12 (4,000 tokens, depth 50%)")
+    assert events[-1].detail == "needles: cell 3/12 (4,000 tokens, depth 50%)"
+
+
+def test_a_notebook_reports_each_code_cell_with_its_heading(tmp_path: Path) -> None:
+    """`cookbook run`'s cell progress: papermill runs the notebook through the reporting engine."""
+    import nbformat
+
+    from cookbook.batch import execute_notebook
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_markdown_cell("# Throughput\nSome words."), nbformat.v4.new_code_cell("\n# warm\nx = 1"),
+                  nbformat.v4.new_markdown_cell("Not a heading"), nbformat.v4.new_code_cell("print(x + 1)")]
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    source = tmp_path / "06_small.ipynb"
+    nbformat.write(book, str(source))
+    events: list[Event] = []
+    task = Task(events.append, "[1/1] 06_small")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outcome = execute_notebook(source, run_dir, {}, task)
+    assert outcome.status == "ok", outcome.error
+    assert [(e.detail, e.done, e.total) for e in events] == [("Throughput | # warm", 0, 2), ("Throughput | print(x + 1)", 1, 2)]
