@@ -88,10 +88,12 @@ def test_cli_renders_plain_lines_off_a_terminal_and_tqdm_on_one() -> None:
     bars(Event("checks", "tool-call", 1, 2, 1.0))
     bars(Event("server start-up", "waiting for /health: Loading weights", None, None, 3.0))
     bars(Event("checks", "tool-call", 2, 2, 1.5, finished=True))
+    bars(Event("bench", "n-streams", 1, None, 4.0))
     bars.close()
     shown = screen.getvalue()
     assert "checks:  50%" in shown and "tool-call" in shown and "2/2" in shown  # a bar: the total is known
-    assert "server start-up: 0 step(s) [" in shown and "Loading weights" in shown  # a counter with elapsed: not
+    assert "bench: 1 step(s) done [00:0" in shown and "n-streams" in shown  # no total: a counter with the elapsed time
+    assert "server start-up [00:0" in shown and "Loading weights" in shown  # no total, no count: the elapsed time
 
 
 def test_notebook_panel_renders_a_widget_progress_bar() -> None:

@@ -7,6 +7,7 @@ per change, at most one per 10 s while only the time moves. stdout stays for the
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import IO, Any
@@ -32,8 +33,9 @@ class TqdmRenderer:
         with self._lock:
             bar = self._bars.get(event.task)
             if bar is None:
+                counter = "{desc}: {n_fmt} step(s) done [{elapsed}]{postfix}"  # no total: how many, for how long
                 bar = tqdm(total=event.total, desc=event.task, file=self.stream, leave=True, dynamic_ncols=True,
-                           bar_format=None if event.total else "{desc}: {n_fmt} step(s) [{elapsed}]{postfix}")
+                           bar_format=None if event.total else counter if event.done is not None else "{desc} [{elapsed}]{postfix}")
                 self._bars[event.task] = bar
             if event.total is not None and bar.total != event.total:
                 bar.total = event.total
@@ -62,6 +64,14 @@ class TqdmRenderer:
 def cli_progress(stream: IO[str] | None = None) -> Progress:
     """The progress renderer for a command: tqdm when `stream` (default stderr) is a terminal, else plain lines."""
     stream = stream or sys.stderr
-    if stream.isatty():
+    if stream.isatty() and _columns(stream) != 0:  # a terminal of no width (a bare pty) would show nothing
         return TqdmRenderer(stream)
     return LineRenderer(lambda line: print(line, file=stream, flush=True))
+
+
+def _columns(stream: IO[str]) -> int | None:
+    """The terminal's width, None when the stream has no file descriptor to ask (io.UnsupportedOperation)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return None
