@@ -3,6 +3,7 @@ process whose output becomes progress, and Ctrl-C at every stage of `cookbook se
 the model preparation, the fix step (a fake slow child standing in for each) and the real server's /health wait."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -158,8 +160,8 @@ def _alive(pid: int) -> bool:
 
 
 def _interrupt_when(proc: subprocess.Popen[str], marker: str) -> tuple[list[str], str]:
-    """Read the command's output until a line holds `marker`; then SIGINT its process group as a terminal's Ctrl-C
-    does, and wait (at most 30 s) for it to exit. Returns the lines before, the marker line and the rest."""
+    """Read the command's output until a line holds `marker` (the start-up genuinely in that stage); returns the
+    lines read and that line."""
     assert proc.stdout is not None
     seen: list[str] = []
     for line in proc.stdout:
@@ -171,7 +173,22 @@ def _interrupt_when(proc: subprocess.Popen[str], marker: str) -> tuple[list[str]
     return seen, seen[-1]
 
 
-def _sigint_and_wait(proc: subprocess.Popen[str]) -> tuple[float, str]:
+@contextlib.contextmanager
+def _terminal_command(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A command in a process group of its own, as a terminal starts one; killed if the test leaves it running."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _sigint_and_wait(proc: subprocess.Popen[str], seen: list[str]) -> None:
+    """Ctrl-C, then the command must have exited 130 within 30 s, saying it was interrupted."""
+    from cookbook.errors import EXIT_INTERRUPTED
+
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     try:
@@ -181,7 +198,8 @@ def _sigint_and_wait(proc: subprocess.Popen[str]) -> tuple[float, str]:
         pytest.fail("the command did not exit within 30 s of Ctrl-C")
     took = time.monotonic() - sent
     print(f"Ctrl-C to exit: {took:.2f} s")  # the measured figure (pytest -s shows it)
-    return took, rest
+    assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
+    assert "interrupted during start-up" in rest
 
 
 DRIVER = textwrap.dedent(
@@ -211,27 +229,19 @@ DRIVER = textwrap.dedent(
 def test_ctrl_c_during_a_set_up_stage_stops_its_child_and_exits_130(stage: str, tmp_path: Path) -> None:
     """`cookbook serve` interrupted while a stage's child process runs: the child and everything it spawned are
     gone, and the command exits 130 within 30 s. The child's lines show in the progress (its last line)."""
-    from cookbook.errors import EXIT_INTERRUPTED
     from cookbook.launch import free_port
 
     fake = _fake_child(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COOKBOOK_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, stage, str(fake), SMOL, str(free_port()), str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True)
-    try:
+    argv = [sys.executable, "-c", DRIVER, stage, str(fake), SMOL, str(free_port()), str(tmp_path / "run")]
+    with _terminal_command(argv, env) as proc:
         seen, marker = _interrupt_when(proc, "FAKE-CHILD pid=")
         child = int(marker.split("pid=")[1].split()[0])
         grandchild = int(marker.split("grandchild=")[1].split()[0])
         assert _alive(child) and _alive(grandchild)
         stage_name = {"image": "CPU image vllm-cpu", "model": "model smollm2-135m-instruct", "fixes": "fixes cpu-"}[stage]
         assert stage_name in marker, marker  # the child's line shows as its stage's progress
-        _took, rest = _sigint_and_wait(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
-    assert "interrupted during start-up" in rest
+        _sigint_and_wait(proc, seen)
     assert session_pids(child) == [] and not _alive(child) and not _alive(grandchild)
 
 
@@ -239,26 +249,18 @@ def test_ctrl_c_during_a_set_up_stage_stops_its_child_and_exits_130(stage: str, 
 def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp_path: Path) -> None:
     """The real vLLM server of the SmolLM2 recipe: Ctrl-C while `cookbook serve` waits for /health (the progress
     says so, with the log's last line) stops the server's whole session, and the command exits 130 within 30 s."""
-    from cookbook.errors import EXIT_INTERRUPTED
     from cookbook.launch import free_port
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cookbook", "serve", SMOL, "--port", str(free_port()), "--run-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True)
-    try:
+    argv = [sys.executable, "-m", "cookbook", "serve", SMOL, "--port", str(free_port()), "--run-dir", str(tmp_path)]
+    with _terminal_command(argv, env) as proc:
         seen, _line = _interrupt_when(proc, "server start-up waiting for /health: ")
         children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
         server_sids = {os.getsid(int(pid)) for pid in children.split()} - {os.getsid(proc.pid)}
         assert len(server_sids) == 1, children  # vllm serve, in a session of its own
         sid = server_sids.pop()
         assert session_pids(sid)
-        _took, rest = _sigint_and_wait(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
-    assert "interrupted during start-up" in rest
+        _sigint_and_wait(proc, seen)
     assert session_pids(sid) == []
 
 
