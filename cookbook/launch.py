@@ -134,8 +134,8 @@ class Server:
         say: Say = print,
         progress: Progress | None = None,
     ) -> None:
-        """`say` gets the log lines (the commands run); `progress` the start-up's stages (default: `say`'s lines,
-        one per change and one every 10 s while waiting)."""
+        """`say` gets the log lines (the commands run); `progress` the start-up's stages (default: plain lines
+        through `say`, `LineRenderer`)."""
         self.recipe = recipe
         self.host = host
         self.port = port

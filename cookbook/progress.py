@@ -103,21 +103,23 @@ class Task:
 
 
 class LineRenderer:
-    """Events as plain lines (a log, CI, a pipe): a line when the step or its detail changes or the task ends,
-    and at most one line per `every_s` while only the time moves on."""
+    """Events as plain lines (a log, CI, a pipe), few enough to read: a line when a task starts, a step begins or
+    the task ends, the step's first detail (a child's first output line), then at most one line per `every_s`
+    while only the detail (the last log line) or the time moves on."""
 
-    def __init__(self, write: Callable[[str], None] | None = None, every_s: float = 10.0) -> None:
+    def __init__(self, write: Callable[[str], None] | None = None, every_s: float = 5.0) -> None:
         self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self.every_s = every_s
-        self._last: dict[str, tuple[str, int | None, float]] = {}
+        self._last: dict[str, tuple[int | None, int, float]] = {}  # task: done, lines at that step, when
 
     def __call__(self, event: Event) -> None:
-        shown = self._last.get(event.task)
         now = time.monotonic()
-        if (shown is None or event.finished or (event.detail, event.done) != shown[:2]
-                or now - shown[2] >= self.every_s):
+        done, lines, when = self._last.get(event.task, (None, 0, -float("inf")))
+        if event.task not in self._last or event.done != done:
+            lines = 0
+        if event.finished or lines < 2 or now - when >= self.every_s:
             self.write(event.line())
-            self._last[event.task] = (event.detail, event.done, now)
+            self._last[event.task] = (event.done, lines + 1, now)
         if event.finished:
             self._last.pop(event.task, None)
 

@@ -55,19 +55,22 @@ def test_print_is_a_progress_too() -> None:
     assert str(Event("bench", "single-stream", 1, None, 2.0)) == "bench [1] single-stream (2 s)"
 
 
-def test_line_renderer_says_changes_and_holds_back_bare_heartbeats() -> None:
+def test_line_renderer_says_each_step_and_holds_back_the_rest() -> None:
     lines: list[str] = []
     render = LineRenderer(lines.append, every_s=3600)
-    render(Event("start-up", "waiting", elapsed_s=1))
-    render(Event("start-up", "waiting", elapsed_s=2))  # only the time moved: held back
-    render(Event("start-up", "Loading weights", elapsed_s=3))
-    render(Event("start-up", "Loading weights", elapsed_s=4, finished=True))  # the end is always said
-    assert lines == ["start-up waiting (1 s)", "start-up Loading weights (3 s)", "start-up Loading weights (4 s, done)"]
-    every = LineRenderer(lines.append, every_s=0)
+    render(Event("start-up", "", elapsed_s=0))  # a new task
+    render(Event("start-up", "Loading weights", elapsed_s=1))  # its first detail
+    render(Event("start-up", "Loading weights", elapsed_s=2))  # only the time moved: held back
+    render(Event("start-up", "Compiling", elapsed_s=3))  # only the detail moved: held back
+    render(Event("start-up", "Compiling", 1, elapsed_s=4))  # a step ended
+    render(Event("start-up", "ready", 1, elapsed_s=5, finished=True))  # the end is always said
+    assert lines == ["start-up (0 s)", "start-up Loading weights (1 s)", "start-up [1] Compiling (4 s)",
+                     "start-up [1] ready (5 s, done)"]
     lines.clear()
-    every(Event("start-up", "waiting", elapsed_s=1))
-    every(Event("start-up", "waiting", elapsed_s=2))
-    assert len(lines) == 2
+    every = LineRenderer(lines.append, every_s=0)
+    for second in range(4):
+        every(Event("start-up", "waiting", elapsed_s=second))
+    assert len(lines) == 4
 
 
 def test_cli_renders_plain_lines_off_a_terminal_and_tqdm_on_one() -> None:
