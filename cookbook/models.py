@@ -100,7 +100,7 @@ def ensure_model(name: str, image: ImageEnv | None = None, progress: Progress | 
         if problem is None:
             return target
         task = Task(progress or LineRenderer(), f"model {name}", total=2 if name == "smollm2-135m-instruct" else 1)
-        task.step(f"preparing in {target} ({problem})")
+        task.update(f"preparing in {target} ({problem})")
         work = models_dir() / f".{name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)

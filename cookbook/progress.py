@@ -218,8 +218,9 @@ def run_reporting(
             if log is not None:
                 log.write(line)
                 log.flush()
-            if line.strip():
-                task.update(line.strip()[:200])
+            redrawn = [part.strip() for part in line.split("\r") if part.strip()]  # a bar drawn again with \r
+            if redrawn:
+                task.update(redrawn[-1][:200])  # its last state
         code = proc.wait()
     except BaseException:
         kill_session(proc)

