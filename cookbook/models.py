@@ -99,8 +99,8 @@ def ensure_model(name: str, image: ImageEnv | None = None, progress: Progress | 
         problem = verify_model(target) if target.exists() else "absent"
         if problem is None:
             return target
-        task = Task(progress or LineRenderer(), f"model {name}", total=2 if name == "smollm2-135m-instruct" else 1)
-        task.update(f"preparing in {target} ({problem})")
+        # The task's name says why it is built; its steps are the fetch (SmolLM2 only) and the conversion.
+        task = Task(progress or LineRenderer(), f"model {name} ({problem})", total=2 if name == "smollm2-135m-instruct" else 1)
         work = models_dir() / f".{name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)

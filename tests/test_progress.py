@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,7 +140,8 @@ def test_a_child_reports_each_line_and_its_log_gets_them_all(tmp_path: Path) -> 
 FAKE_CHILD = """\
 import os, subprocess, sys, time
 grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-print(f"FAKE-CHILD pid={os.getpid()} grandchild={grandchild.pid}", flush=True)
+with open(os.environ["FAKE_CHILD_PIDS"], "w") as pids:
+    pids.write(f"{os.getpid()} {grandchild.pid}")
 while True:  # a slow pip install, fix step or conversion: a line now and then
     print("still working", flush=True)
     time.sleep(0.5)
@@ -147,8 +149,8 @@ while True:  # a slow pip install, fix step or conversion: a line now and then
 
 
 def _fake_child(tmp_path: Path) -> Path:
-    """An executable standing in for the image's python (or the build's): whatever it is asked, it works forever
-    and starts a grandchild in its session."""
+    """An executable standing in for the image's python (or the build's): whatever it is asked, it works forever,
+    having started a grandchild in its session and written both pids to $FAKE_CHILD_PIDS."""
     script = tmp_path / "fake-python"
     script.write_text(f"#!{sys.executable}\n" + FAKE_CHILD)
     script.chmod(0o755)
@@ -163,47 +165,68 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _interrupt_when(proc: subprocess.Popen[str], marker: str) -> tuple[list[str], str]:
-    """Read the command's output until a line holds `marker` (the start-up genuinely in that stage); returns the
-    lines read and that line."""
-    assert proc.stdout is not None
-    seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if marker in line:
-            break
-    else:
-        pytest.fail(f"the command ended before {marker!r}:\n" + "".join(seen[-30:]))
-    return seen, seen[-1]
+class _Output:
+    """A command's merged output, read by a thread: the test never blocks on a read, whatever the command does."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.ended = False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._reader.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, marker: str, timeout_s: float = 300) -> str:
+        """The first line holding `marker` (the start-up genuinely in that stage); fails if the command ends or
+        `timeout_s` passes first."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.ended or any(marker in line for line in self.lines), timeout_s)
+            found = next((line for line in self.lines if marker in line), None)
+        if found is None:
+            pytest.fail(f"no {marker!r} in the output:\n" + "".join(self.lines[-30:]))
+        return found
+
+    def text(self) -> str:
+        self._reader.join(timeout=10)
+        return "".join(self.lines)
 
 
 @contextlib.contextmanager
-def _terminal_command(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+def _terminal_command(argv: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], _Output]]:
     """A command in a process group of its own, as a terminal starts one; killed if the test leaves it running."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True)
     try:
-        yield proc
+        yield proc, _Output(proc)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
-def _sigint_and_wait(proc: subprocess.Popen[str], seen: list[str]) -> None:
+def _sigint_and_wait(proc: subprocess.Popen[str], output: _Output) -> None:
     """Ctrl-C, then the command must have exited 130 within 30 s, saying it was interrupted."""
     from cookbook.errors import EXIT_INTERRUPTED
 
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     try:
-        rest = proc.communicate(timeout=30)[0]
+        proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the command did not exit within 30 s of Ctrl-C")
-    took = time.monotonic() - sent
-    print(f"Ctrl-C to exit: {took:.2f} s")  # the measured figure (pytest -s shows it)
-    assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-10:]) + rest
-    assert "interrupted during start-up" in rest
+        pytest.fail("the command did not exit within 30 s of Ctrl-C:\n" + "".join(output.lines[-20:]))
+    print(f"Ctrl-C to exit: {time.monotonic() - sent:.2f} s")  # the measured figure (pytest -s shows it)
+    text = output.text()
+    assert proc.returncode == EXIT_INTERRUPTED, text[-3000:]
+    assert "interrupted during start-up" in text
 
 
 DRIVER = textwrap.dedent(
@@ -236,16 +259,16 @@ def test_ctrl_c_during_a_set_up_stage_stops_its_child_and_exits_130(stage: str, 
     from cookbook.launch import free_port
 
     fake = _fake_child(tmp_path)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COOKBOOK_CACHE": str(tmp_path / "cache")}
+    pids = tmp_path / "pids"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COOKBOOK_CACHE": str(tmp_path / "cache"), "FAKE_CHILD_PIDS": str(pids)}
     argv = [sys.executable, "-c", DRIVER, stage, str(fake), SMOL, str(free_port()), str(tmp_path / "run")]
-    with _terminal_command(argv, env) as proc:
-        seen, marker = _interrupt_when(proc, "FAKE-CHILD pid=")
-        child = int(marker.split("pid=")[1].split()[0])
-        grandchild = int(marker.split("grandchild=")[1].split()[0])
+    stage_name = {"image": "CPU image vllm-cpu", "model": "model smollm2-135m-instruct", "fixes": "fixes cpu-"}[stage]
+    with _terminal_command(argv, env) as (proc, output):
+        line = output.wait_for("still working")  # the child's own line, shown as its stage's progress
+        assert line.startswith(stage_name), line
+        child, grandchild = (int(pid) for pid in pids.read_text().split())
         assert _alive(child) and _alive(grandchild)
-        stage_name = {"image": "CPU image vllm-cpu", "model": "model smollm2-135m-instruct", "fixes": "fixes cpu-"}[stage]
-        assert stage_name in marker, marker  # the child's line shows as its stage's progress
-        _sigint_and_wait(proc, seen)
+        _sigint_and_wait(proc, output)
     assert session_pids(child) == [] and not _alive(child) and not _alive(grandchild)
 
 
@@ -257,14 +280,14 @@ def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "cookbook", "serve", SMOL, "--port", str(free_port()), "--run-dir", str(tmp_path)]
-    with _terminal_command(argv, env) as proc:
-        seen, _line = _interrupt_when(proc, "server start-up waiting for /health: ")
+    with _terminal_command(argv, env) as (proc, output):
+        output.wait_for("server start-up waiting for /health: ")
         children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
         server_sids = {os.getsid(int(pid)) for pid in children.split()} - {os.getsid(proc.pid)}
         assert len(server_sids) == 1, children  # vllm serve, in a session of its own
         sid = server_sids.pop()
         assert session_pids(sid)
-        _sigint_and_wait(proc, seen)
+        _sigint_and_wait(proc, output)
     assert session_pids(sid) == []
 
 
