@@ -19,6 +19,7 @@ from .checks.registry import snapshot_server
 from .errors import CookbookError
 from .launch import Server, attach, new_run_dir
 from .pages import render_page, write_atomic
+from .progress import Progress, Task
 from .recipes import REPO_ROOT, Recipe, list_recipes, load_recipe, render_launch_block
 from .report import mask_secrets, notebook_html, write_index
 from .results import CheckResult, Evidence, RunResults, check_output_path, now, parse_hardware, write_results
@@ -35,6 +36,8 @@ BATCH_NOTEBOOKS = (
 NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}
 VERIFY_NOTEBOOK = "03_verify"
 CELL_TIMEOUT_S = 1800
+# papermill's own nbclient engine, each code cell's start reported to a `progress` engine argument.
+ENGINE = "cookbook-progress"
 
 
 def resolve_notebooks(selection: list[str | Path] | None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -71,8 +74,47 @@ def plan(notebooks: list[str | Path] | None, parameters: dict[str, Any] | None) 
     return declared
 
 
-def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) -> NotebookOutcome:
-    """Run one notebook with papermill into the run folder; an error is recorded, never raised."""
+def describe_cell(cells: list[Any], index: int, heading: str = "") -> str:
+    """What a person recognises a code cell by: the markdown heading above it and its first source line."""
+    first = next((line.strip() for line in str(cells[index].source).splitlines() if line.strip()), "(empty)")
+    return f"{heading} | {first}"[:160] if heading else first[:160]
+
+
+def _reporting_engine() -> str:
+    """Register (once) a papermill engine (papermill's documented extension point: an `Engine` registered by name,
+    chosen with `engine_name`) that is papermill's nbclient engine with every code cell's start sent to the
+    `progress` argument as `cell n of N`: its notebook manager's `cell_start` hook, which papermill calls for
+    each cell, markdown included."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class ReportingEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, progress: Task | None = None,
+                                     **kwargs: Any) -> Any:
+            if progress is not None:
+                cells = nb_man.nb.cells
+                progress.total = sum(1 for cell in cells if cell.cell_type == "code")
+                original = nb_man.cell_start
+                heading = [""]
+
+                def cell_start(cell: Any, cell_index: int | None = None, **more: Any) -> Any:
+                    if cell.cell_type == "markdown":
+                        titles = [line.lstrip("#").strip() for line in str(cell.source).splitlines() if line.startswith("#")]
+                        heading[0] = titles[0] if titles else heading[0]
+                    elif cell.cell_type == "code" and cell_index is not None:
+                        progress.step(describe_cell(cells, cell_index, heading[0]))
+                    return original(cell, cell_index, **more)
+
+                nb_man.cell_start = cell_start
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    papermill_engines.register(ENGINE, ReportingEngine)
+    return ENGINE
+
+
+def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any], progress: Task | None = None) -> NotebookOutcome:
+    """Run one notebook with papermill into the run folder; an error is recorded, never raised. Each code cell's
+    start goes to `progress` (`cell n of N`: its heading and first line)."""
     import papermill as pm
 
     executed = run_dir / source.name
@@ -85,6 +127,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any]) ->
                 str(source), str(executed), parameters=parameters, kernel_name="gaudi-cookbook", language="python",
                 progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise
+                engine_name=_reporting_engine(), progress=progress,
             )
     except pm.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
@@ -148,8 +191,10 @@ def run_batch(
     hardware: str | None = None,
     launched: bool = False,
     say: Say = print,
+    progress: Progress | None = None,
 ) -> BatchSummary:
-    """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary."""
+    """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary;
+    `say` gets a line per notebook, `progress` each notebook's cells as they start."""
     declared = plan(notebooks, parameters)
     sources = list(declared)
     parse_hardware(hardware)  # a bad --hardware fails before anything runs
@@ -166,7 +211,9 @@ def run_batch(
     for number, source in enumerate(sources, 1):
         say(f"[{number}/{len(sources)}] {source.stem} ...")
         given = {**common, **(parameters or {})}
-        outcome = execute_notebook(source, run_dir, {k: v for k, v in given.items() if k in declared[source]})
+        task = Task(progress, f"[{number}/{len(sources)}] {source.stem}")
+        outcome = execute_notebook(source, run_dir, {k: v for k, v in given.items() if k in declared[source]}, task)
+        task.finish(outcome.status)
         summary.notebooks.append(outcome)
         say(f"[{number}/{len(sources)}] {source.stem}: {outcome.status} in {outcome.seconds:.0f} s"
             + (f" ({outcome.error})" if outcome.error else ""))
@@ -214,6 +261,7 @@ def run_recipe(
     parameters: dict[str, Any] | None = None,
     hardware: str | None = None,
     say: Say = print,
+    progress: Progress | None = None,
 ) -> BatchSummary:
     """One recipe's batch: attach to `base_url`, or launch the recipe's server for the run and stop it after."""
     check_output_path(out, "--out", folder=True)  # an unusable --out fails before anything runs
@@ -223,11 +271,11 @@ def run_recipe(
         attach(base_url, recipe.served_model_name).close()  # fail fast, before a folder is made
     run_dir = prepare_run_dir(recipe, out)
     if base_url:
-        return run_batch(recipe, base_url, run_dir, notebooks, parameters, hardware, False, say)
-    with Server(recipe, run_dir=run_dir, say=say) as server:
+        return run_batch(recipe, base_url, run_dir, notebooks, parameters, hardware, False, say, progress)
+    with Server(recipe, run_dir=run_dir, say=say, progress=progress) as server:
         assert server.ready is not None
         say(server.ready.line())
-        summary = run_batch(recipe, server.ready.base_url, run_dir, notebooks, parameters, hardware, True, say)
+        summary = run_batch(recipe, server.ready.base_url, run_dir, notebooks, parameters, hardware, True, say, progress)
         summary.timings = {"server_start_s": round(server.ready.startup_s, 1), **summary.timings}
     write_atomic(run_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")
     return summary
@@ -244,6 +292,7 @@ def run_demo(
     notebooks: list[str | Path] | None = None,
     parameters: dict[str, Any] | None = None,
     say: Say = print,
+    progress: Progress | None = None,
 ) -> BatchSummary:
     """The main job: CPU image and model (built once), the CPU recipe launched with its fixes, every notebook
     headless against it, the report folder, the server stopped. Timings of each phase go into the summary."""
@@ -256,11 +305,11 @@ def run_demo(
     declared = set().union(*plan(notebooks, parameters).values())  # bad arguments fail before anything is built
     demo_parameters = {k: v for k, v in DEMO_PARAMETERS.items() if k in declared}
     run_dir = prepare_run_dir(recipe, out)
-    image = ensure_cpu_image(progress=say)
+    image = ensure_cpu_image(progress=progress)
     if recipe.serve.weights is not None:
-        ensure_model(recipe.serve.weights.prepare, image, progress=say)
+        ensure_model(recipe.serve.weights.prepare, image, progress=progress)
     setup_s = time.monotonic() - started
-    summary = run_recipe(recipe, None, run_dir, notebooks, {**demo_parameters, **(parameters or {})}, None, say)
+    summary = run_recipe(recipe, None, run_dir, notebooks, {**demo_parameters, **(parameters or {})}, None, say, progress)
     summary.timings = {"setup_s": round(setup_s, 1), **summary.timings, "total_s": round(time.monotonic() - started, 1)}
     write_atomic(Path(summary.run_dir) / "summary.json", summary.model_dump_json(indent=2) + "\n")
     return summary
@@ -271,6 +320,7 @@ def run_all(
     notebooks: list[str | Path] | None = None,
     parameters: dict[str, Any] | None = None,
     say: Say = print,
+    progress: Progress | None = None,
 ) -> list[BatchSummary | SkippedRecipe]:
     """Every recipe this machine can serve, one after the other, each launched for its run; the rest skipped."""
     outcomes: list[BatchSummary | SkippedRecipe] = []
@@ -282,5 +332,5 @@ def run_all(
             continue
         say(f"== {recipe.id}")
         folder = None if out is None else out / recipe.id.replace("/", "--")
-        outcomes.append(run_recipe(recipe, None, folder, notebooks, parameters, None, say))
+        outcomes.append(run_recipe(recipe, None, folder, notebooks, parameters, None, say, progress))
     return outcomes

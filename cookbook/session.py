@@ -18,6 +18,7 @@ from .checks.registry import CheckContext
 from .endpoint import Endpoint
 from .launch import RUNS_DIR, Server, attach
 from .pages import write_atomic
+from .progress import Progress
 from .recipes import REPO_ROOT, Recipe, fix_command, list_recipes, load_recipe
 from .results import Hardware, RunResults, now, parse_hardware, run_hardware, write_results
 from .run_folder import PARTS_DIR
@@ -102,8 +103,10 @@ def open_session(
     out_dir: str | Path | None = None,
     hardware: str | None = None,
     say: Say = print,
+    progress: Progress | None = None,
 ) -> Session:
-    """Attach to `base_url`, or (None) launch the recipe's server, stopped by `close()` or at interpreter exit."""
+    """Attach to `base_url`, or (None) launch the recipe's server (its start-up stages to `progress`), stopped by
+    `close()` or at interpreter exit."""
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     folder = Path(out_dir) if out_dir else default_out_dir(recipe)
     folder.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,7 @@ def open_session(
     if base_url:
         endpoint = attach(base_url, recipe.served_model_name)
     else:
-        server = Server(recipe, run_dir=folder, say=say)
+        server = Server(recipe, run_dir=folder, say=say, progress=progress)
         server.start()
         atexit.register(server.stop)
         endpoint = server.endpoint

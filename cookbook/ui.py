@@ -11,17 +11,14 @@ from typing import Any, Callable
 try:
     import ipywidgets as widgets
     from IPython.display import display
-    from tqdm.auto import tqdm
 except ImportError as exc:  # pragma: no cover - only without the notebook extras
     raise ImportError("cookbook.ui needs ipywidgets (pip install 'gaudi-cookbook[notebook]')") from exc
 
 from . import plots, report
+from .progress import Event, Progress, Task
 from .recipes import list_recipes, load_recipe
 from .results import RunResults
 from .session import FixState, Session, facts_frame, fix_state, open_session, required_fixes_frame, server_facts
-
-Tick = Callable[[str], None]
-
 
 def recipe_picker(value: str) -> widgets.Dropdown:
     """Every recipe in the checkout, the current one selected."""
@@ -30,22 +27,30 @@ def recipe_picker(value: str) -> widgets.Dropdown:
                             layout=widgets.Layout(width="32em"))
 
 
-def tqdm_ticks(total: int | None, desc: str) -> tuple[Tick, Any]:
-    """A tick callback that advances a tqdm.auto bar by one, showing the item being worked on (a plain counter
-    when the number of steps is only known once the server answers)."""
-    bar = tqdm(total=total, desc=desc)
+class WidgetProgress:
+    """`cookbook.progress` events as an ipywidgets progress bar and a label (task, current step, elapsed): the same
+    events the CLI draws with tqdm. A task with no known total moves the bar one step at a time."""
 
-    def tick(label: str) -> None:
-        bar.set_postfix_str(label)
-        if total is None or bar.n < total:
-            bar.update(1)
+    def __init__(self, title: str, total: int | None = None) -> None:
+        self.bar = widgets.IntProgress(value=0, min=0, max=max(total or 1, 1), description=title, bar_style="info")
+        self.label = widgets.Label(value="starting")
+        self.widget = widgets.HBox([self.bar, self.label])
 
-    return tick, bar
+    def __call__(self, event: Event) -> None:
+        done = event.done or 0
+        self.bar.max = max(event.total or done + (0 if event.finished else 1), 1)
+        self.bar.value = self.bar.max if event.finished and event.total is None else min(done, self.bar.max)
+        self.bar.bar_style = "success" if event.finished and self.bar.value >= self.bar.max else "info"
+        detail = f": {event.detail}" if event.detail else ""
+        self.label.value = f"{event.task}{detail} ({event.elapsed_s:.0f} s{', done' if event.finished else ''})"[:200]
+
+    def failed(self) -> None:
+        self.bar.bar_style = "danger"
 
 
 def step_panel(
     title: str,
-    step: Callable[[str, str | None, Tick], Any],
+    step: Callable[[str, str | None, Progress], Any],
     total: Callable[[str], int | None],
     show: Callable[[Any], None],
     recipe: str,
@@ -53,8 +58,9 @@ def step_panel(
     extra: list[widgets.Widget] | None = None,
     server_field: bool = True,
 ) -> widgets.VBox:
-    """Recipe picker, server field, a Run button; a click runs `step(recipe, base_url, tick)` under a live
-    tqdm.auto bar and shows what it returns below the buttons. Errors show as one line, like the CLI's."""
+    """Recipe picker, server field, a Run button; a click runs `step(recipe, base_url, progress)` under a live
+    progress bar (`WidgetProgress`, in the output below the buttons) and shows what it returns below it. Errors
+    show as one line, like the CLI's."""
     picker = recipe_picker(recipe)
     server = widgets.Text(value=base_url or "", description="Server", placeholder="empty: launch the recipe's server",
                           layout=widgets.Layout(width="32em"))
@@ -65,12 +71,14 @@ def step_panel(
         button.disabled = True
         output.clear_output()
         with output:
+            progress = WidgetProgress(title)
             try:
-                tick, bar = tqdm_ticks(total(picker.value), title)
-                result = step(picker.value, server.value.strip() or None, tick)
-                bar.close()
+                display(progress.widget)
+                progress.bar.max = max(total(picker.value) or 1, 1)
+                result = step(picker.value, server.value.strip() or None, progress)
                 show(result)
             except Exception as exc:
+                progress.failed()
                 print(f"error: {type(exc).__name__}: {exc}")
             finally:
                 button.disabled = False
@@ -81,14 +89,14 @@ def step_panel(
 
 
 def with_session(
-    run: Callable[[Session, Tick], Any], out_dir: str | None, hardware: str | None
-) -> Callable[[str, str | None, Tick], Any]:
-    """A step that needs a server: attach (or launch, stopped again afterwards) around `run`."""
+    run: Callable[[Session, Progress], Any], out_dir: str | None, hardware: str | None
+) -> Callable[[str, str | None, Progress], Any]:
+    """A step that needs a server: attach (or launch, its start-up on the bar, stopped again afterwards) around `run`."""
 
-    def step(recipe: str, base_url: str | None, tick: Tick) -> Any:
-        session = open_session(recipe, base_url, out_dir, hardware)
+    def step(recipe: str, base_url: str | None, progress: Progress) -> Any:
+        session = open_session(recipe, base_url, out_dir, hardware, progress=progress)
         try:
-            return run(session, tick)
+            return run(session, progress)
         finally:
             session.close()
 
@@ -113,8 +121,8 @@ def checks_panel(
     def chosen() -> list[str] | None:
         return list(chooser.value) or None
 
-    def run(session: Session, tick: Tick) -> tuple[RunResults, Any]:
-        results = run_checks(session.check_context(), names=chosen(), progress=tick)
+    def run(session: Session, progress: Progress) -> tuple[RunResults, Any]:
+        results = run_checks(session.check_context(), names=chosen(), progress=progress)
         session.write_part(part, results)
         return results, session.show_figure(plots.checks_figure(results), part)  # saved as PART.png, as 03 does
 
@@ -137,9 +145,12 @@ def verify_panel(recipe: str, base_url: str | None, out_dir: str | None, hardwar
 def launch_panel(recipe: str, base_url: str | None, out_dir: str | None, hardware: str | None = None) -> widgets.VBox:
     """Attach to a server (or launch the recipe's) and show what it says about itself against the recipe."""
 
-    def run(session: Session, tick: Tick) -> Any:
-        tick("server facts")
-        return facts_frame(server_facts(session))
+    def run(session: Session, progress: Progress) -> Any:
+        task = Task(progress, "server facts", total=1)
+        task.step("/health, /v1/models, /metrics")
+        facts = facts_frame(server_facts(session))
+        task.finish()
+        return facts
 
     return step_panel("Check server", with_session(run, out_dir, hardware), lambda _r: 1, display, recipe, base_url)
 
@@ -147,12 +158,15 @@ def launch_panel(recipe: str, base_url: str | None, out_dir: str | None, hardwar
 def fixes_panel(recipe: str, apply: bool = False) -> widgets.VBox:
     """The picked recipe's Required fixes and their state in its image (read-only unless `apply`)."""
 
-    def step(recipe_id: str, _base_url: str | None, tick: Tick) -> Any:
+    def step(recipe_id: str, _base_url: str | None, progress: Progress) -> Any:
         chosen = load_recipe(recipe_id)
-        tick("required fixes")
+        task = Task(progress, "fixes", total=2)
+        task.step("required fixes")
         display(required_fixes_frame(chosen))
-        tick("state in the image")
-        return fix_state(chosen, apply=apply)
+        task.step("state in the image")
+        state = fix_state(chosen, apply=apply)
+        task.finish()
+        return state
 
     def show(state: FixState) -> None:
         print(f"apply_all.py exit code {state.exit_code}" + (f": {state.error}" if state.error else ""))
@@ -171,10 +185,10 @@ def bench_panel(
     chooser = widgets.SelectMultiple(options=list(bench.WORKLOADS), value=tuple(bench.TABLE), description="Workloads")
     tokens = widgets.BoundedIntText(value=output_tokens, min=1, max=8192, description="Tokens")
 
-    def run(session: Session, tick: Tick) -> RunResults:
+    def run(session: Session, progress: Progress) -> RunResults:
         config = bench.BenchConfig(output_tokens=tokens.value)
         results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware,
-                                              list(chooser.value), progress=tick)
+                                              list(chooser.value), progress=progress)
         session.write_part("throughput", results)
         return results
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import haystack
 from ..endpoint import Endpoint
 from ..errors import CookbookError, RequestTimeout, ServerDown, ServerError
+from ..progress import Progress, Task
 from ..recipes import Recipe
 from ..results import Hardware, RunResults, now, run_hardware
 from ..roofline import roofline_rows
@@ -36,7 +37,6 @@ SHORT_TOPICS = (
     "a market day in an old harbour town", "the invention of the telescope",
 )
 
-Progress = Callable[[str], None]
 
 
 
@@ -106,10 +106,13 @@ def _streams(config: BenchConfig, recipe: Recipe | None) -> int:
     return config.streams or (recipe.max_num_seqs if recipe is not None else 8)
 
 
-def _cold_runs(endpoint: Endpoint, length: int, depths: list[float], config: BenchConfig) -> list[tuple[float, StreamResult, dict[str, Any]]]:
+def _cold_runs(endpoint: Endpoint, length: int, depths: list[float], config: BenchConfig,
+               report: Callable[[str], None] | None = None) -> list[tuple[float, StreamResult, dict[str, Any]]]:
     runs: list[tuple[float, StreamResult, dict[str, Any]]] = []
     timeout = haystack.request_timeout(config.cold_timeout_s, length)
-    for depth in depths:
+    for number, depth in enumerate(depths, 1):
+        if report:
+            report(f"cold prompt {length:,} tokens, depth {depth:.0%} ({number}/{len(depths)})")
         seed = f"bench:{length}:{depth}"
         needle = haystack.make_needle(seed)
         try:
@@ -151,9 +154,9 @@ def run_sweep(
     config = config or BenchConfig()
     levels = config.sweep_levels or sweep_levels(_streams(config, recipe))
     rows = [] if rows is None else rows
+    task = Task(progress, "sweep", total=len(levels))
     for level in levels:
-        if progress:
-            progress(f"sweep: {level} stream(s) x {config.output_tokens} tokens")
+        task.step(f"{level} stream(s) x {config.output_tokens} tokens")
         with span(f"sweep@{level}") if span is not None else nullcontext():
             batch = _short_batch(endpoint, level, config)
         if samples is not None:
@@ -161,6 +164,7 @@ def run_sweep(
         rows.append({**batch.metrics(), "output_tokens": config.output_tokens,
                      "client_cpu_s": round(batch.client_cpu_s, 4), "other_requests_at_start": batch.other_requests_at_start,
                      "client_load_average": batch.load_average, "errors": "; ".join(batch.errors())})
+    task.finish()
     return _frame(rows)
 
 
@@ -184,7 +188,7 @@ def run_performance_table(
     if unknown:
         raise CookbookError(f"--workloads: unknown workload {unknown[0]!r} (known: table, {', '.join(WORKLOADS)})")
     hardware = _hardware(endpoint, recipe, hardware)
-    say = progress or (lambda _line: None)
+    task = Task(progress, "bench")  # a step per workload; the sweep reports its levels as a task of its own
     results = RunResults(
         recipe=recipe.id if recipe else "(none)",
         model=endpoint.model,
@@ -200,13 +204,14 @@ def run_performance_table(
     step = {"name": "warm-up"}
     sampler = KvSampler(endpoint, config.kv_sample_interval_s).start() if config.kv_sample_interval_s > 0 else None
     try:
-        _run_workloads(endpoint, recipe, config, hardware, wanted, results, say, step, sampler)
+        _run_workloads(endpoint, recipe, config, hardware, wanted, results, task, step, progress, sampler)
     except ServerError as exc:  # the server died, stalled or the budget ran out: keep every figure measured so far
         results.stopped = f"stopped during {step['name']}: {exc}"
-        say(f"{results.stopped}; the figures measured before it are kept")
+        task.update(f"{results.stopped}; the figures measured before it are kept")
     finally:
         if sampler is not None:
             attach_trace(results, sampler.stop())
+    task.finish()
     if recipe is not None:
         _attach_roofline(results, recipe)
     results.finished_at = now()
@@ -214,9 +219,11 @@ def run_performance_table(
 
 
 def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfig, hardware: Hardware, wanted: list[str],
-                   results: RunResults, say: Progress, step: dict[str, str], sampler: KvSampler | None = None) -> None:
-    """The workloads in order, each figure appended as soon as it is measured; `step` names the one running, and
-    the KV sampler (if any) a span per workload (a warm-up's span goes with the figure after it)."""
+                   results: RunResults, task: Task, step: dict[str, str], progress: Progress | None = None,
+                   sampler: KvSampler | None = None) -> None:
+    """The workloads in order, each figure appended as soon as it is measured; `step` names the one running,
+    `task` shows it (each cold prompt's runs as its detail), and the KV sampler (if any) records a span per workload
+    (a warm-up's span goes with the figure after it)."""
 
     def span(name: str, figure: str | None = None) -> AbstractContextManager[Any]:
         return sampler.span(name, figure) if sampler is not None else nullcontext()
@@ -227,7 +234,7 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
         if budget is not None and budget.expired:
             raise RequestTimeout(f"{budget.describe()} was used up")
 
-    progress = say
+    say = task.step
     streams = _streams(config, recipe)
     begin("warm-up")
     if config.warmup and any(w != "cold" for w in wanted):
@@ -261,7 +268,7 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
             say(f"cold prompts: {length:,} tokens at {len(depths)} depth(s)")
             name = f"cold-prompt-{haystack.format_tokens(length)}"
             with span(name, name):
-                runs = _cold_runs(endpoint, length, depths, config)
+                runs = _cold_runs(endpoint, length, depths, config, task.update)
             results.performance.append(cold_figure(length, runs, config.answer_tokens, hardware, warmup_s))
             warmup_s = None
     if "sweep" in wanted:

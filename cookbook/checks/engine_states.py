@@ -575,6 +575,7 @@ def probe_same_step(
     groups = [0, 0, 1, 0]
     max_tokens = min(ctx.max_tokens, 24)
     timeout = _timeout(ctx, prefix_tokens * k)
+    ctx.report(f"{k} solo runs")
     solos = [complete(endpoint, completion_body(endpoint, p, new_salt("solo"), max_tokens), timeout) for p in prompts]
     # The gate fills whole steps (no budget left beside it, so a burst arriving during any of them waits for the
     # step after): one by default, more with the parameter gate_steps for a server whose one-step prefill is
@@ -591,6 +592,7 @@ def probe_same_step(
                                    daemon=True)
     gate_thread.start()
     time.sleep(GATE_LEAD_S)
+    ctx.report(f"{k} requests in one step behind a {gate_tokens:,}-token gate")
     runs = staggered([lambda b=b: complete(endpoint, b, timeout, clock) for b in bodies], STAGGER_S)
     gate_thread.join(timeout=_timeout(ctx, gate_tokens))
     expected_hits = sum(prefix_tokens for role in roles if role == "hit")
@@ -747,6 +749,7 @@ def preemption(ctx: CheckContext) -> CheckOutcome:
     source = PromptSource(endpoint, ctx.params.get("seed") or 0)
     prompts = [source.tokens(f"preemption-{i}", plan.prompt_tokens) for i in range(plan.requests)]
     timeout = _timeout(ctx, (plan.prompt_tokens + plan.max_tokens) * plan.requests)
+    ctx.report(f"{plan.requests} solo runs")
     solos = [complete(endpoint, completion_body(endpoint, p, new_salt("solo"), plan.max_tokens), timeout) for p in prompts]
     if _metric(endpoint, PREEMPTIONS_METRIC) is None:
         raise CheckInconclusive(f"the server's /metrics has no {PREEMPTIONS_METRIC}: a preemption cannot be shown",
@@ -755,6 +758,7 @@ def preemption(ctx: CheckContext) -> CheckOutcome:
     before = _metric(endpoint, PREEMPTIONS_METRIC)
     hits_before = _metric(endpoint, HITS_METRIC)
     started = time.monotonic()
+    ctx.report(f"{plan.requests} requests at once (to preempt)")
     runs = in_parallel([lambda b=b: complete(endpoint, b, timeout) for b in bodies])
     seconds = time.monotonic() - started
     preempted = _settled_delta(endpoint, PREEMPTIONS_METRIC, before, 1)
@@ -968,7 +972,8 @@ def chunked_prompt_logprobs(ctx: CheckContext) -> CheckOutcome:
     positions = sorted({p for b in boundaries for p in (b - 1, b, b + 1) if 0 < p < prompt_len} | {prompt_len - 1})
     checks: list[dict[str, Any]] = []
     worst: float | None = None
-    for position in positions:
+    for number, position in enumerate(positions, 1):
+        ctx.report(f"position {number}/{len(positions)} ({position:,})")
         cut = complete(endpoint, completion_body(endpoint, prompt[:position], salt, 1), _timeout(ctx, position))
         mine = (entries[position] if entries and position < len(entries) else None) or {}
         sampler = cut.top[0] if cut.top else {}
@@ -1098,10 +1103,12 @@ def batch_composition(ctx: CheckContext) -> CheckOutcome:
     max_tokens = _param_int(ctx, "batch_max_tokens") or min(ctx.max_tokens, 24)
     prompts = [source.tokens(f"batch-{i}", prompt_len) for i in range(count)]
     timeout = _timeout(ctx, (prompt_len + max_tokens) * count)
+    ctx.report(f"{count} solo runs")
     solos = [complete(endpoint, completion_body(endpoint, p, new_salt("solo"), max_tokens), timeout) for p in prompts]
     rounds: list[BatchRound] = []
     evidence: list[Evidence] = []
     for size in sizes:
+        ctx.report(f"batches of {size}")
         comparisons: list[RunComparison | None] = [None] * count
         overlapped = True
         batches = 0

@@ -7,6 +7,8 @@ answer. Lengths come from the recipe, capped to the server's context.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from pydantic import BaseModel, Field
 
 from ..endpoint import Endpoint
@@ -89,13 +91,18 @@ def probe_needles(
     seed: int | str = 0,
     served: ServedModel | None = None,
     digits: int = DEFAULT_DIGITS,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[NeedleGrid, list[Evidence]]:
     """Every cell cold, scored by exact match; evidence for every miss and every cell that was not cold (a miss
-    says how far before the question its needle sat, and whether that is beyond the served sliding window)."""
+    says how far before the question its needle sat, and whether that is beyond the served sliding window).
+    `progress` hears of each cell."""
     cells: list[NeedleCell] = []
     evidence: list[Evidence] = []
-    for length in sorted(lengths):
-        for depth in depths:
+    total = len(lengths) * len(depths)
+    for row, length in enumerate(sorted(lengths)):
+        for column, depth in enumerate(depths):
+            if progress:
+                progress(f"cell {row * len(depths) + column + 1}/{total} ({length:,} tokens, depth {depth:.0%})")
             cell_seed = f"{seed}:needle:{length}:{depth}"
             needle = make_needle(cell_seed, digits)
             haystack = build_haystack(endpoint, length, depth, needle, seed=cell_seed)
@@ -184,6 +191,7 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         seed=seed_param(ctx.params),
         served=served,
         digits=digits,
+        progress=ctx.report,
     )
     details = grid.model_dump()
     details["times"] = grid.times()

@@ -523,13 +523,16 @@ def probe_prefix_cache(
     tie_tolerance: float | None = None,
     referee: Referee | None = None,
     no_reference: str = "",
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[PrefixCacheReport, list[Evidence]]:
     """Run the probe on prompts of the given lengths (in this model's tokens); evidence for each failing prompt
-    (and for each flip on a near-tie, so a reader sees both runs' top-k there)."""
+    (and for each flip on a near-tie, so a reader sees both runs' top-k there). `progress` hears of each prompt."""
     reports: list[PromptReport] = []
     evidence: list[Evidence] = []
     tolerance = tie_tolerance if tie_tolerance is not None else (max_logprob_diff or DEFAULT_TOLERANCE)
-    for target in prompt_tokens:
+    for number, target in enumerate(prompt_tokens, 1):
+        if progress:
+            progress(f"prompt {number}/{len(prompt_tokens)} ({target:,} tokens)")
         report, body = probe_prompt(endpoint, target, layout, max_tokens, timeout_s, seed, referee)
         why_none = no_reference or str(getattr(referee, "why_none", "") or "")
         _judge(report, logprobs, max_logprob_diff, tolerance, why_none)
@@ -783,6 +786,7 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
         tie_tolerance=tie_tolerance(ctx, served),
         referee=referee,
         no_reference="" if referee is not None else "reference turned off (params reference=none)",
+        progress=ctx.report,
     )
     report.defaults = derived
     text = result_text(report)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ..endpoint import Deadline, Endpoint, kv_pool_from_metrics, metric_value
 from ..errors import CookbookError, RequestFailed, RequestTimeout, ServerDown
+from ..progress import Progress, Task
 from ..recipes import Recipe
 from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, run_hardware
 
@@ -76,6 +77,13 @@ class CheckContext:
     hardware: Hardware | None = None  # what served the run; default: this machine for CPU recipes, else unknown
     run_start: RunStart | None = None  # set by run_checks before the first check
     budget_s: float | None = None  # the whole run's wall-clock budget; every request's deadline is capped by it
+    task: Task | None = None  # set by run_checks: the run's progress, for a check to report its cells (`report`)
+
+    def report(self, detail: str) -> None:
+        """A long check's current cell or prompt, shown beside its name in the run's progress."""
+        if self.task is not None:
+            name = self.task.detail.split(":", 1)[0]
+            self.task.update(f"{name}: {detail}")
 
     @property
     def max_tokens(self) -> int:
@@ -162,14 +170,12 @@ def selected_checks(names: list[str] | None, recipe: Recipe | None) -> list[Chec
     return list(CHECKS.values())
 
 
-def run_checks(
-    ctx: CheckContext, names: list[str] | None = None, progress: Callable[[str], None] | None = None
-) -> RunResults:
+def run_checks(ctx: CheckContext, names: list[str] | None = None, progress: Progress | None = None) -> RunResults:
     """Run the selected checks in order. If the server goes down, the rest are 'not run: server down'.
 
     Before the first check the server's start time and KV pool are recorded (`ctx.run_start`), so that
     server-health can tell a restart during the run; after a check that did not pass, /health decides whether
-    the server is still there.
+    the server is still there. `progress` gets a step per check (and the cells a long check reports).
     """
     if ctx.budget_s is not None:
         ctx.endpoint.budget = Deadline(ctx.budget_s, "the run's budget")
@@ -185,7 +191,7 @@ def run_checks(
 STALLED_AFTER = 2
 
 
-def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[str], None] | None) -> RunResults:
+def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Progress | None) -> RunResults:
     recipe = ctx.recipe
     budget = ctx.endpoint.budget
     ctx.run_start = snapshot_server(ctx.endpoint)
@@ -200,9 +206,10 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
     server_down = not ctx.run_start.healthy
     stalled = 0  # checks in a row that ran out of their requests' deadline
     not_run = "not run: server down"
-    for spec in selected_checks(names, recipe):
-        if progress:
-            progress(spec.name)
+    specs = selected_checks(names, recipe)
+    task = ctx.task = Task(progress, "checks", total=len(specs))
+    for spec in specs:
+        task.step(spec.name)
         label = spec.label_for(ctx)
         skip_reason = recipe.verification.skip.get(spec.name) if recipe else None
         skip_reason = skip_reason or spec.applies(ctx)
@@ -284,6 +291,7 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Callable[[
                 details=outcome.details,
             )
         )
+    task.finish()
     results.finished_at = now()
     return results
 

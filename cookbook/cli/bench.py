@@ -15,6 +15,7 @@ from ..endpoint import Deadline
 from ..results import check_output_path, parse_hardware, write_results
 from ..roofline import roofline_rows
 from ._common import add_hardware_arg, add_out_arg, add_server_args, endpoint_from, recipe_from
+from ._progress import cli_progress
 
 
 def _ints(text: str) -> list[int]:
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout
     )
     say = lambda line: print(f"bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
-    results = run_performance_table(endpoint, recipe, config, hardware, args.workloads, say)
+    results = run_performance_table(endpoint, recipe, config, hardware, args.workloads, cli_progress())
     if args.json:  # what was measured is written first, whatever happens to the plots
         write_results(results, args.json)
     if args.plots:

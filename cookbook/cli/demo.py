@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ._progress import cli_progress
 from .run import add_batch_args, exit_code, notebook_list, parse_params, print_summary
 
 EXAMPLES = """
@@ -19,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..batch import run_demo
 
-    summary = run_demo(args.out, notebook_list(args.notebooks), parse_params(args.param))
+    summary = run_demo(args.out, notebook_list(args.notebooks), parse_params(args.param), progress=cli_progress())
     timings = ", ".join(f"{name.removesuffix('_s').replace('_', ' ')} {value:.0f} s" for name, value in summary.timings.items())
     print_summary(summary)
     print(f"demo: {timings}")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_NOT_MET, EXIT_OK, EXIT_RUN_FAILED, UsageError
 from ._common import add_hardware_arg, add_out_arg, add_param_arg, add_recipe_arg, parse_params as _parse_params
+from ._progress import cli_progress
 
 if TYPE_CHECKING:
     from ..run_folder import BatchSummary
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if args.recipe:
             raise UsageError("--all: give no recipe id with --all")
         code = EXIT_OK
-        for outcome in run_all(args.out, notebooks, params):
+        for outcome in run_all(args.out, notebooks, params, progress=cli_progress()):
             if isinstance(outcome, SkippedRecipe):
                 print(f"{outcome.recipe}: skipped ({outcome.reason})")
             else:
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return code
     if not args.recipe:
         raise UsageError("run: give a recipe id, or --all")
-    summary = run_recipe(load_recipe(args.recipe), args.base_url, args.out, notebooks, params, args.hardware)
+    summary = run_recipe(load_recipe(args.recipe), args.base_url, args.out, notebooks, params, args.hardware,
+                         progress=cli_progress())
     print_summary(summary)
     return exit_code(summary)

@@ -1,4 +1,7 @@
-"""`cookbook serve ID`: carry out the recipe's launch steps and stay in the foreground until SIGINT/SIGTERM."""
+"""`cookbook serve ID`: carry out the recipe's launch steps and stay in the foreground until SIGINT/SIGTERM.
+
+Start-up shows its stages on stderr (image, model, fixes, then the /health wait with the elapsed time and the
+server log's last line); Ctrl-C at any moment of it stops everything started and exits 130."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +11,10 @@ from ..errors import EXIT_RUN_FAILED
 from ..launch import DEFAULT_STARTUP_TIMEOUT_S, Server, attach, serve_foreground
 from ..recipes import load_recipe
 from ._common import add_recipe_arg
+from ._progress import cli_progress
 
 EXAMPLES = """
-  cookbook serve HuggingFaceTB/SmolLM2-135M-Instruct                 # port 8000, or a free one; Ctrl-C stops it
+  cookbook serve HuggingFaceTB/SmolLM2-135M-Instruct                 # port 8000, or a free one; Ctrl-C stops it (also during start-up: exit 130)
   cookbook serve HuggingFaceTB/SmolLM2-135M-Instruct --port 8001 --run-dir runs/smol
 """
 
@@ -33,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         shown = f"{pool:,} tokens" if pool is not None else "unknown"
         print(f"ready: {endpoint.api_url} model={endpoint.model} kv_pool={shown} (attached)")
         return 0
-    server = Server(recipe, host=args.host, port=args.port, run_dir=args.run_dir, startup_timeout_s=args.startup_timeout)
+    server = Server(recipe, host=args.host, port=args.port, run_dir=args.run_dir, startup_timeout_s=args.startup_timeout,
+                    progress=cli_progress())
     code = serve_foreground(server)
     return EXIT_RUN_FAILED if code == 1 else code  # 1: the server did not come up, or exited while serving

@@ -6,6 +6,7 @@ import time
 
 from ..image import detect_image, ensure_cpu_image
 from ..models import MODELS, ensure_model
+from ._progress import cli_progress
 
 
 EXAMPLES = """
@@ -21,9 +22,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    image = ensure_cpu_image()
+    progress = cli_progress()  # each build step with pip's or the conversion's last line, instead of minutes of silence
+    image = ensure_cpu_image(progress=progress)
     print(f"image: {detect_image(image).describe()} at {image.python.parent.parent}")
     for name in args.models or list(MODELS):
-        print(f"model: {name} at {ensure_model(name, image)}")
+        print(f"model: {name} at {ensure_model(name, image, progress)}")
     print(f"setup done in {time.monotonic() - started:.1f} s")
     return 0

@@ -24,6 +24,7 @@ from ..recipes import Recipe
 from ..results import Hardware, RunResults, check_output_path, parse_hardware, write_results
 from ._common import (add_hardware_arg, add_out_arg, add_param_arg, add_server_args, deprecated, recipe_from,
                       parse_params as _parse_params)
+from ._progress import cli_progress
 
 EVIDENCE_SHOWN = 2
 DEFAULT_BUDGET_S = 1800.0
@@ -144,7 +145,7 @@ def _run_launched(args: argparse.Namespace, names: list[str] | None, recipe: Rec
         raise UsageError("--launch: give either --launch or --base-url, not both")
     flags = launch_flags(recipe, args.launch_profile, args.launch_override)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    server = Server(recipe, port=free_port(), extra_flags=flags, say=say)
+    server = Server(recipe, port=free_port(), extra_flags=flags, say=say, progress=cli_progress())
     ready = start_or_report(server, say)
     if ready is None:
         return EXIT_RUN_FAILED
@@ -175,7 +176,7 @@ def _run_checks(
         budget_s=args.budget,
     )
     started = time.monotonic()
-    results = run_checks(ctx, names, progress=lambda name: print(f"verify: {name}", file=sys.stderr, flush=True))
+    results = run_checks(ctx, names, progress=cli_progress())
     if json_path:  # what was measured is written first, whatever happens to the figures
         write_results(results, json_path)
     if out_dir is not None and _save_figures(results, out_dir, json_path.parent if json_path else out_dir) and json_path:
