@@ -174,9 +174,10 @@ class Server:
         started = time.monotonic()
         self.run_dir = self.run_dir or new_run_dir(self.recipe.id)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or (8000 if not _port_in_use(self.host, 8000) else free_port(self.host))
-        if _port_in_use(self.host, self.port):
-            raise LaunchError(f"--port: {self.host}:{self.port} is already in use")
+        port = self.port or (8000 if not _port_in_use(self.host, 8000) else free_port(self.host))
+        self.port = port
+        if _port_in_use(self.host, port):
+            raise LaunchError(f"--port: {self.host}:{port} is already in use")
         try:
             return self._start(started)
         except KeyboardInterrupt:
@@ -203,6 +204,7 @@ class Server:
         env["COOKBOOK"] = str(recipes_mod.REPO_ROOT)
         if models is not None:
             env["COOKBOOK_MODELS"] = str(models)
+        assert self.port is not None  # chosen by start()
         flags = {**self.extra_flags, "host": self.host, "port": self.port}
         self._secrets = secret_values(os.environ, recipe.environment, flags={**recipe.serve.flags, **self.extra_flags})
         for value in self._secrets:  # masked by every writer of this process from now on, not only the log
