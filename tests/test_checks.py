@@ -12,14 +12,14 @@ import math
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 from cookbook.checks import CHECKS, CheckContext, run_checks, selected_checks
 from cookbook.checks.basic import KNOWN_ANSWERS, Reply, _grade
 from cookbook.checks.registry import RunStart
-from cookbook.checks.sampling import prompt_logprobs_problem, seed_probe, unseeded_agreement_chance
+from cookbook.checks.sampling import judge_with_second_try, prompt_logprobs_problem, seed_probe, unseeded_agreement_chance
 from cookbook.checks.tools import assemble_streamed_call, call_problem
 from cookbook.errors import CookbookError
 from cookbook.endpoint import Endpoint
@@ -218,6 +218,31 @@ def test_a_same_seed_pair_may_part_only_after_the_seed_demonstrably_held() -> No
     assert problem is not None and "same seed gave different text from token 3" in problem.note
     assert unseeded_agreement_chance([]) == 1.0
     assert unseeded_agreement_chance([{"top_logprobs": [{"logprob": math.log(0.6)}]}]) == pytest.approx(0.36 + 0.4 * 0.6)
+
+
+def test_a_seed_pair_that_parts_early_once_gets_one_second_try_and_twice_fails() -> None:
+    """A batch-variant engine may part a seeded pair early once in a while: the second try decides. A server that
+    ignores the seed parts early on both tries and fails, naming both; a control with no second try fails at once."""
+    flat = [[0.5, 0.5]]
+    early = [_sampled("abcdefgh", flat * 8), _sampled("abcXYZWV", flat * 8), _sampled("zz", flat * 2)]
+    held = [_sampled("abcdefgh", flat * 8), _sampled("abcdefgh", flat * 8), _sampled("zz", flat * 2)]
+    sent: list[int] = []
+
+    def send(replies: list[Reply]) -> Callable[[], list[Reply]]:
+        return lambda: sent.append(1) or replies
+
+    probe = seed_probe(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    assert judge_with_second_try(probe, early, send(held)) is None and len(sent) == 1
+    assert "a first try failed, the same seed gave different text from token 3" in probe.details["note"]
+    assert probe.details["second_try"]["passed"] is True
+    twice = seed_probe(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    problem = judge_with_second_try(twice, early, send(early))
+    assert problem is not None and problem.note.count("from token 3") == 2 and "twice" in problem.note
+    assert len(sent) == 2
+    assert judge_with_second_try(twice, held, send(early)) is None and len(sent) == 2  # a pass is never re-sent
+    once = seed_probe(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    once.second_try = False
+    assert judge_with_second_try(once, early, send(held)) is not None and len(sent) == 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
