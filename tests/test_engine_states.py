@@ -246,7 +246,7 @@ def test_verify_launch_starts_with_the_overrides_and_stops(
     seen: dict[str, Any] = {}
 
     class Launched:
-        def __init__(self, recipe: Recipe, port: int, extra_flags: dict[str, Any], say: Any) -> None:
+        def __init__(self, recipe: Recipe, port: int, extra_flags: dict[str, Any], say: Any, progress: Any = None) -> None:
             seen["flags"] = extra_flags
 
         def start(self) -> Ready:
