@@ -10,6 +10,8 @@ server to check its health over the whole run. The folder's records live in `coo
 """
 from __future__ import annotations
 
+import functools
+
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +40,8 @@ VERIFY_NOTEBOOK = "03_verify"
 CELL_TIMEOUT_S = 1800
 # papermill's own nbclient engine, each code cell's start reported to a `progress` engine argument.
 ENGINE = "cookbook-progress"
+# The Jupyter kernel of the cookbook's environment, installed by scripts/install-kernel.sh and named by every notebook.
+KERNEL = "gaudi-cookbook"
 
 
 def resolve_notebooks(selection: list[str | Path] | None, folder: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -80,6 +84,7 @@ def describe_cell(cells: list[Any], index: int, heading: str = "") -> str:
     return f"{heading} | {first}"[:160] if heading else first[:160]
 
 
+@functools.cache
 def _reporting_engine() -> str:
     """Register (once) a papermill engine (papermill's documented extension point: an `Engine` registered by name,
     chosen with `engine_name`) that is papermill's nbclient engine with every code cell's start sent to the
@@ -124,7 +129,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any], pr
     try:
         with scrubbed_logs("papermill", "nbclient", "traitlets"):  # at DEBUG papermill logs every kernel message
             pm.execute_notebook(
-                str(source), str(executed), parameters=parameters, kernel_name="gaudi-cookbook", language="python",
+                str(source), str(executed), parameters=parameters, kernel_name=KERNEL, language="python",
                 progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise
                 engine_name=_reporting_engine(), progress=progress,

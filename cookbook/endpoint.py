@@ -9,13 +9,14 @@ One HTTP library, httpx2 (the one the openai client is built on).
 """
 from __future__ import annotations
 
+
 import json
 import os
 import re
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -470,6 +471,13 @@ class Endpoint:
 
     def kv_pool_tokens(self) -> int | None:
         return kv_pool_from_metrics(self.metrics())
+
+    def for_another_thread(self, timeout_s: float | None = None) -> "Endpoint":
+        """The same server, credentials and budget with an HTTP client of its own, for a background thread (an
+        httpx2 client is not shared across threads)."""
+        twin = replace(self, timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+        twin._http, twin._auth, twin.budget = None, self._auth, self.budget
+        return twin
 
     def close(self) -> None:
         if self._http is not None:

@@ -132,3 +132,14 @@ def test_request_failure_maps_timeouts_and_lost_connections_once() -> None:
     assert isinstance(request_failure(httpx2.ReadError("cut"), healthy=lambda: True), ConnectionLost)
     assert isinstance(request_failure(httpx2.ConnectError("refused"), healthy=lambda: False), ServerDown)
     assert str(request_failure(httpx2.ReadError("cut"), "http://h/v1/x")).startswith("http://h/v1/x: connection lost")
+
+
+def test_an_endpoint_for_another_thread_keeps_the_server_and_credentials_with_a_client_of_its_own() -> None:
+    endpoint = Endpoint("http://user:secret@127.0.0.1:9", "m", timeout_s=60.0)
+    client = endpoint.http()
+    twin = endpoint.for_another_thread(10.0)
+    assert (twin.base_url, twin.model, twin._auth, twin.timeout_s) == (endpoint.base_url, "m", ("user", "secret"), 10.0)
+    assert twin._http is None and twin.http() is not client and endpoint._http is client
+    twin.close()
+    assert endpoint.for_another_thread().timeout_s == 60.0
+    endpoint.close()

@@ -9,7 +9,6 @@ the samples and spans of its own workload (`details["kv_cache"]`), warm-ups with
 """
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from contextlib import contextmanager
@@ -61,9 +60,7 @@ class KvSampler:
     """Samples KV-cache usage in a background thread: `start`, `span(name, figure)` around each workload, `stop`."""
 
     def __init__(self, endpoint: Endpoint, interval_s: float = DEFAULT_INTERVAL_S) -> None:
-        self._endpoint = copy.copy(endpoint)  # its own HTTP client: the sampler's thread never shares one
-        self._endpoint._http = None
-        self._endpoint.timeout_s = min(endpoint.timeout_s, READ_TIMEOUT_S)
+        self._endpoint = endpoint.for_another_thread(min(endpoint.timeout_s, READ_TIMEOUT_S))
         self.trace = KvTrace(interval_s=interval_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

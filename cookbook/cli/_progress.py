@@ -3,7 +3,7 @@
 On a terminal each task is one tqdm line: a bar when its total is known, a counter with the elapsed time when not,
 the current step or the last log line as its postfix; a thread refreshes it every second, so the elapsed time
 moves while a step waits. When stderr is not a terminal (a log, CI, a pipe) events are `LineRenderer` lines: one
-per change, at most one per 10 s while only the time moves. stdout stays for the command's own output.
+per change, at most one per 5 s while only the time moves. stdout stays for the command's own output.
 """
 from __future__ import annotations
 
