@@ -71,3 +71,22 @@ def hybrid_server(hybrid_launch: Server | Endpoint) -> Endpoint:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def sim_image():
+    """The simulated vllm-gaudi v0.26.0 image (tests/gaudi_sim.py), built once in the cache; skips without ../shared."""
+    from gaudi_sim import ensure_image
+
+    return ensure_image()
+
+
+@pytest.fixture(scope="session")
+def patched_site(sim_image, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An overlay of the simulated image with the whole v0.26.0 profile applied by the real fix tool (`--root`)."""
+    from gaudi_sim import apply_all, overlay
+
+    site = overlay(sim_image, tmp_path_factory.mktemp("v0.26.0-patched") / "site")
+    done = apply_all(sim_image, "--profile", "v0.26.0", "--root", str(site))
+    assert done.returncode == 0, f"apply_all --profile v0.26.0 exited {done.returncode}: {done.stderr}"
+    return site
