@@ -39,6 +39,23 @@ class Target(_Model):
     post: str | None = Field(description="sha256 after this fix alone; None: unknown (no payload) or deleted")
 
 
+class Proof(_Model):
+    """What was shown of a fix, and where: the test that shows it, and whether that test reproduces the bug itself."""
+
+    shown: Literal["cpu", "gaudi-only"] = Field(
+        description="cpu: the test fails on the pristine module with the symptom and passes with the payload; "
+                    "gaudi-only: only a Gaudi card shows the bug, the test checks what the payload promises")
+    hook: str | None = Field(default=None, description="The bug lives in vLLM: which vLLM function the payload "
+                                                       "wraps, and from which vllm_gaudi file")
+    test: str = Field(description="tests/<file>.py::test_<fix id with - as _>, the test that shows it")
+    summary: str = Field(description="The symptom on the pristine file, and what the test shows with the payload")
+
+    @property
+    def label(self) -> str:
+        """One line for --list, pages and notebooks (the engine's wording): never more than was shown."""
+        return str(engine().base.proof_label(self.model_dump(), True))
+
+
 class Fix(_Model):
     id: str
     profile: str
@@ -55,6 +72,14 @@ class Fix(_Model):
     targets: list[Target] | None = Field(description="None: the files this fix touches are not known")
     has_payload: bool
     notes: str = ""
+    proof: Proof | None = Field(default=None, description="What was shown and where; None: nothing yet (no payload, "
+                                                          "or a profile proven by serving, as cpu-0.32.0)")
+
+    @property
+    def proof_label(self) -> str:
+        """What was shown of this fix, and where, in the words `apply_all.py --list` uses."""
+        proof = None if self.proof is None else self.proof.model_dump()
+        return str(engine().base.proof_label(proof, self.has_payload))
 
     @property
     def symptom(self) -> str:

@@ -70,6 +70,24 @@ def fix_rows(recipe: Recipe) -> list[Row]:
     return [(f"`{row.id}`" + (" (opt-in)" if row.opt_in else ""), row.why) for row in rows]
 
 
+def fix_proof_line(recipe: Recipe) -> str:
+    """One line under Required fixes: what the pack has shown of these fixes and where, grouped by the pack's own
+    labels (`apply_all.py --list`), so a page never claims more than a test showed."""
+    groups: dict[str, list[str]] = {}
+    hooks: list[str] = []
+    for row in load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why)):
+        proof = row.fix.proof
+        label = row.fix.proof_label.removesuffix("; hook into vLLM")
+        groups.setdefault(label, []).append(f"`{row.id}`")
+        if proof is not None and proof.hook:
+            hooks.append(f"`{row.id}`")
+    parts = [f"{label}: {', '.join(ids)}" for label, ids in groups.items()]
+    if hooks:
+        parts.append(f"hooks into vLLM from a vllm_gaudi file: {', '.join(hooks)}")
+    return ("What the fix pack has shown of these fixes (no fix was run on a Gaudi card by this project): "
+            + "; ".join(parts) + ".")
+
+
 def verified_rows(results: RunResults) -> list[Row]:
     """Check | Result. A measured check that did not pass says so in its result cell."""
     rows = []
@@ -330,6 +348,8 @@ def render_page(recipe: Recipe, results: RunResults | None = None) -> str:
         parts.append(link_docs(recipe.fixes.note.strip()))
     rows = fix_rows(recipe)
     parts.append(markdown_table(("Fix", "Why this model needs it"), rows) if rows else "No fix beyond the profile.")
+    if rows:
+        parts.append(fix_proof_line(recipe))
 
     parts.append("## Verified")
     if results is None:

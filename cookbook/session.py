@@ -169,14 +169,17 @@ def facts_frame(facts: list[Fact]) -> Any:
 
 
 def required_fixes_frame(recipe: Recipe) -> Any:
-    """The recipe's Required fixes with the pack's metadata: kind, the check that shows the bug, payload present."""
+    """The recipe's Required fixes with the pack's metadata: kind, the server check that shows the bug, payload
+    present, and what the pack's own test showed of it (reproduced on CPU, or a contract where only a card shows it)."""
     import pandas as pd
 
     from .fixpack import load_pack
 
-    rows = [(r.id, "yes" if r.opt_in else "", r.fix.kind, r.why, r.fix.check_label, "yes" if r.fix.has_payload else "no")
+    rows = [(r.id, "yes" if r.opt_in else "", r.fix.kind, r.why, r.fix.check_label, "yes" if r.fix.has_payload else "no",
+             r.fix.proof_label, r.fix.proof.test if r.fix.proof else "")
             for r in load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why))]
-    return pd.DataFrame(rows, columns=["Fix", "Opt-in", "Kind", "Why this model needs it", "Shown by", "Payload in pack"])
+    return pd.DataFrame(rows, columns=["Fix", "Opt-in", "Kind", "Why this model needs it", "Check on a server",
+                                       "Payload in pack", "What was shown, where", "Test"])
 
 
 class FixState(BaseModel):

@@ -36,6 +36,11 @@ def _endpoint(handle: Server | Endpoint) -> Endpoint:
     return handle.endpoint if isinstance(handle, Server) else handle
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sim_image: needs the simulated vllm-gaudi v0.26.0 image (tests/gaudi_sim.py), "
+                                       "built once in the cache from ../shared/upstream and the package index")
+
+
 @pytest.fixture(scope="session")
 def cpu_recipe() -> Recipe:
     return load_recipe(CPU_RECIPE)

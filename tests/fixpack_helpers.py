@@ -14,7 +14,6 @@ import importlib.util
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -201,38 +200,3 @@ m.fsio.replace_file = replace_file
 sys.exit(m.main(["--pack", {str(pack)!r}, "--root", {str(site)!r}, *{args!r}]))
 """
     return [sys.executable, "-c", code]
-
-
-def make_v026_standin(root: Path) -> tuple[Path, Path]:
-    """The real v0.26.0 catalogue on a synthetic image whose files stand in for the researched ones.
-
-    No bytes with the research sha256s exist here, so the profile's hashes (and the fixes' pre hashes) are rewritten
-    to synthetic files of the same paths; everything else (ids, order, opt-ins, dependencies, targets, no payloads)
-    is the real pack.  Returns (pack, site-packages)."""
-    src = APPLY_ALL.parent
-    pack = root / "pack"
-    shutil.copytree(src / "v0.26.0", pack / "v0.26.0")  # with its ORDER
-    profile = json.loads((pack / "v0.26.0/profile.json").read_text())
-    site = root / "site"
-    files: dict[str, str | None] = {}
-    for rel, digest in profile["files"].items():
-        if digest is None:
-            files[rel] = None
-            continue
-        data = f"# stand-in for {rel}\n".encode()
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-        files[rel] = sha(data)
-    for name, version in (("vllm_gaudi", "0.26.0+gb059f9c95"), ("vllm", "0.26.1.dev0+g568afb3a1"),
-                          ("habana_torch_plugin", "1.24.1.11")):
-        dist = site / f"{name}-{version}.dist-info"
-        dist.mkdir(parents=True)
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    profile["files"] = files
-    (pack / "v0.26.0/profile.json").write_text(json.dumps(profile, indent=2) + "\n")
-    for fix_json in (pack / "v0.26.0").glob("*/fix.json"):
-        meta = json.loads(fix_json.read_text())
-        for t in meta["targets"] or []:
-            t["pre"] = files[t["path"]]
-        fix_json.write_text(json.dumps(meta, indent=2) + "\n")
-    return pack, site

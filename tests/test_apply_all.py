@@ -27,7 +27,6 @@ from fixpack_helpers import (
     load_apply_all,
     make_pack,
     make_site,
-    make_v026_standin,
     matches_record,
     record_line,
     run_tool,
@@ -641,28 +640,6 @@ def test_real_pack_loads_and_v026_refuses_a_foreign_image(tmp_path: Path) -> Non
                         str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "vllm_gaudi is not installed" in r.stderr
     assert list(tmp_path.iterdir()) == []
-
-
-def test_v026_on_a_matching_image_names_missing_payloads(tmp_path: Path) -> None:
-    """The v0.26.0 catalogue with its research hashes, on a synthetic image whose files have those hashes.
-
-    No bytes with the research sha256s exist here, so the test rewrites the profile's hashes to synthetic files of
-    the same paths and checks the behaviour: gate passes, every payload is named as missing, exit 3, nothing
-    written.  Everything else (ids, order, opt-ins, dependencies) is the real pack."""
-    pack, site = make_v026_standin(tmp_path)
-    before = snapshot(site)
-    r = run_tool(pack, site, "--profile", "v0.26.0", "gdn-prefix-cache")
-    assert r.returncode == 3, r.stderr
-    assert r.stderr.strip() == ("apply_all: error: payload not in this pack for 15 fixes: prompt-order, "
-                                "sampling-rows-refresh, structured-output-rows, bad-words-index, logitsprocs-rows, "
-                                "async-discard-counter, resumed-prefill-logits, hybrid-decode-pad, gdn-prefix-cache, "
-                                "gather-logprobs-int32, prompt-logprobs, logprobs-decode-guard, rope-cpu-cache, "
-                                "rank-exception-fatal, seeded-sampling; nothing written")
-    assert snapshot(site) == before and not (site / STATE).exists()
-    wrong_sw = site / "habana_torch_plugin-1.24.1.11.dist-info/METADATA"
-    wrong_sw.write_text("Metadata-Version: 2.1\nName: habana_torch_plugin\nVersion: 1.23.0.695\n")
-    r = run_tool(pack, site, "--profile", "v0.26.0")
-    assert r.returncode == 2 and "MISMATCH  Gaudi SW 1.24.1" in r.stderr
 
 
 # -- the real CPU image (integration) ----------------------------------------------------------------------

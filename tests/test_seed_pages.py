@@ -43,6 +43,7 @@ EVERY_SEED_PAGE = {
     "Verified on Gaudi 2 (published results) · Hugging Face": "the header's badge says the results are published",
     "cookbook doctor ": "the path on a Gaudi box: doctor, then the container (docs/using-a-recipe.md)",
     "Once it is up, a smoke test:": "every page carries the smoke test; seed 003 showed it without an introduction",
+    "What the fix pack has shown of these fixes": "under Required fixes: what each fix's test showed, and where (issue 19)",
 }
 SMOKE_TEST = {"curl -s http://localhost:8000/v1/chat/completions": "the smoke test (only seed 003 had it)",
               "-H 'Content-Type: application/json'": "the smoke test", "-d '{\"model\": ": "the smoke test"}

@@ -15,6 +15,19 @@ EXIT_STATE = 3
 EXIT_IO = 4
 
 KINDS = ("bugfix", "backport", "workaround")
+# What a fix's `proof.shown` says was shown, as --list, the recipe pages and notebook 01 word it: never more.
+PROOF_LABELS = {
+    "cpu": "reproduced and fixed on CPU against the v0.26.0 sources",
+    "gaudi-only": "applied and compiled; the bug needs a Gaudi card (its contract is tested on CPU)",
+}
+HOOK_LABEL = "hook into vLLM"
+
+
+def proof_label(proof: dict | None, has_payload: bool) -> str:
+    """One line for a fix's `proof` field (already checked by the pack loader)."""
+    if proof is None:
+        return "payload not in this pack" if not has_payload else "shown by its check on a served model"
+    return PROOF_LABELS[proof["shown"]] + (f"; {HOOK_LABEL}" if proof.get("hook") else "")
 STATE_DIR = ".cookbook-fixes"
 LEDGER_FORMAT = 1
 TMP_SUFFIX = ".cbfix-tmp"

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .base import (
-    EXIT_IMAGE, EXIT_OK, EXIT_STATE, EXIT_USAGE, FixError, Outcome, STATE_DIR, StateError, plural, sha256, short,
+    EXIT_IMAGE, EXIT_OK, EXIT_STATE, EXIT_USAGE, FixError, Outcome, STATE_DIR, StateError, plural, proof_label, sha256,
+    short,
 )
 from .image import Image, check_pin, locate_package
 from .lock import Lock
@@ -194,9 +195,12 @@ def cmd_list(pack: Pack, profiles: list[Profile], root: Path | None) -> Outcome:
             state = fix_state(fix, ledger)
             lines.append(f"  {fix.id:<24} {fix.kind:<10} {'yes' if fix.opt_in else 'no':<7} "
                          f"{', '.join(fix.depends_on) or '-':<20} {state}")
+            shown = proof_label(fix.meta.get("proof"), fix.has_payload)
+            lines.append(f"  {'':<24} shown: {shown}")
             rows.append({"profile": profile.name, "id": fix.id, "title": fix.title, "kind": fix.kind,
                          "opt_in": fix.opt_in, "depends_on": fix.depends_on, "conflicts": fix.conflicts,
-                         "has_payload": fix.has_payload, "state": state})
+                         "has_payload": fix.has_payload, "state": state, "shown": shown,
+                         "proof": fix.meta.get("proof")})
     return Outcome(EXIT_OK, lines, {"fixes": rows})
 
 

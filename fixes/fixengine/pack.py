@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection
 
-from .base import EXIT_USAGE, FIX_ID_RE, FixError, KINDS, PACK_DIR, SHA_RE, safe_rel, sha256
+from .base import EXIT_USAGE, FIX_ID_RE, FixError, KINDS, PACK_DIR, PROOF_LABELS, SHA_RE, safe_rel, sha256
 from .diff import parse_diff
 
 
@@ -125,6 +125,17 @@ def _load_fix(path: Path, profile: str, checks: Collection[str] | None = None) -
     if isinstance(check, str) and checks is not None and check not in checks:
         raise _pack_error(path, f"field 'check': '{check}' is not a check of the verification suite "
                                 f"(checks: {', '.join(sorted(checks))})")
+    proof = meta.get("proof")
+    if proof is not None:
+        if not isinstance(proof, dict) or proof.get("shown") not in PROOF_LABELS:
+            raise _pack_error(path, f"field 'proof.shown' must be one of {', '.join(PROOF_LABELS)}")
+        for key in ("test", "summary"):
+            if not isinstance(proof.get(key), str) or not proof[key]:
+                raise _pack_error(path, f"field 'proof.{key}' must be a non-empty string")
+        if proof.get("hook") is not None and not isinstance(proof["hook"], str):
+            raise _pack_error(path, "field 'proof.hook' must be a string or null")
+        if set(proof) - {"shown", "hook", "test", "summary"}:
+            raise _pack_error(path, f"field 'proof' has unknown keys {sorted(set(proof) - {'shown', 'hook', 'test', 'summary'})}")
     raw_targets = meta.get("targets")
     targets: list[Target] | None = None
     if raw_targets is not None:
