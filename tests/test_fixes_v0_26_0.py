@@ -28,7 +28,8 @@ PROFILE = "v0.26.0"
 
 
 def _profile_fixes() -> list:
-    return [f for f in load_pack().profile(PROFILE).fixes if not f.opt_in]
+    pack = load_pack()
+    return [pack.fix(f) for f in pack.profile(PROFILE).fixes if not pack.fix(f).opt_in]
 
 
 def test_every_profile_fix_has_a_payload_its_targets_and_a_proof() -> None:
@@ -125,7 +126,8 @@ def test_the_opt_ins_without_a_payload_are_named_and_a_wrong_gaudi_sw_is_refused
         sim_image: SimImage, tmp_path: Path) -> None:
     site = overlay(sim_image, tmp_path / "site")
     before = snapshot(site)
-    missing = [f.id for f in load_pack().profile(PROFILE).fixes if f.opt_in and not f.has_payload]
+    pack = load_pack()
+    missing = [f for f in pack.profile(PROFILE).fixes if pack.fix(f).opt_in and not pack.fix(f).has_payload]
     if missing:
         r = apply_all(sim_image, "--profile", PROFILE, *missing, "--root", str(site))
         assert r.returncode == 3 and f"payload not in this pack for {len(missing)} fix" in r.stderr, r.stderr
