@@ -40,7 +40,8 @@ def test_rank_exception_fatal(sim_image, patched_site) -> None:
     importing vllm_gaudi/v1/worker/hpu_worker.py (as every worker process does); `sample_tokens(1)` fails.
 
     Pristine: on rank 1 with output_rank 0 the exception is logged, nothing reaches the executor, and the rank runs
-    `sample_tokens(2)`: out of step. With the payload the loop raises the RuntimeError on that rank (worker_main then
+    `sample_tokens(2)`: out of step. With the payload the loop raises a RuntimeError naming the rank and the device
+    error (worker_main then
     logs "WorkerProc failed." and the process exits, which the executor's monitor turns into an engine shutdown) and
     runs no later step; on the output rank, and for a call every rank replies to, the exception still goes to
     `handle_output` and the loop goes on, as upstream.
@@ -53,7 +54,9 @@ def test_rank_exception_fatal(sim_image, patched_site) -> None:
     patched = sim_image.repro("rank-exception-fatal", overlay=patched_site)
     assert patched["fixed"], patched
     assert patched["non_output_rank"]["ran"] == ["sample_tokens(1)"], patched
-    assert patched["non_output_rank"]["loop"] == "raised RuntimeError: device error in step 1", patched
+    loop = patched["non_output_rank"]["loop"]
+    assert loop.startswith("raised RuntimeError: rank 1 failed a call another rank replies to"), patched
+    assert "RuntimeError('device error in step 1')" in loop, patched
     assert patched["replying_ranks_unchanged"], patched
     assert patched["output_rank"] == pristine["output_rank"], patched
     assert patched["all_ranks_reply"] == pristine["all_ranks_reply"], patched
