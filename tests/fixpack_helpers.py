@@ -183,6 +183,15 @@ def run_tool(pack: Path, site: Path, *args: str, timeout: float = 60, **kw: obje
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)  # type: ignore[call-overload]
 
 
+def kill_after_file(k: int) -> str:
+    """Code for ``runner_script``: SIGKILL the run right after the k-th target file was renamed into place."""
+    return (f"    orig(src, dst)\n"
+            f"    if '{STATE}' not in str(dst):\n"
+            f"        os.environ['N'] = str(int(os.environ.get('N', '0')) + 1)\n"
+            f"        if int(os.environ['N']) == {k}:\n"
+            f"            os.kill(os.getpid(), signal.SIGKILL)\n")
+
+
 def runner_script(pack: Path, site: Path, args: list[str], inject: str) -> list[str]:
     """argv for a child Python that loads apply_all's engine, wraps its replace_file with ``inject`` code, and runs
     main()."""

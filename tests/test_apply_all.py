@@ -24,6 +24,7 @@ from fixpack_helpers import (
     STATE,
     FixSpec,
     edit,
+    kill_after_file,
     load_apply_all,
     make_pack,
     make_site,
@@ -371,21 +372,12 @@ def test_failure_injected_at_every_file_write_restores_everything(tmp_path: Path
 
 # -- a process killed mid-apply ------------------------------------------------------------------------------
 
-def _killer(k: int) -> str:
-    """Inject code: SIGKILL this process right after the k-th target file was renamed into place."""
-    return (f"    orig(src, dst)\n"
-            f"    if '{STATE}' not in str(dst):\n"
-            f"        os.environ['N'] = str(int(os.environ.get('N', '0')) + 1)\n"
-            f"        if int(os.environ['N']) == {k}:\n"
-            f"            os.kill(os.getpid(), signal.SIGKILL)\n")
-
-
 @pytest.mark.parametrize("k", [1, 2, 4])  # 4: every file renamed, ledger not yet written
 def test_killed_mid_apply_is_repaired_by_the_next_run(tmp_path: Path, k: int) -> None:
     site = make_site(tmp_path)
     pack = make_pack(tmp_path, standard_fixes())
     before = snapshot(site)
-    child = subprocess.run(runner_script(pack, site, PROFILE + ["f4"], _killer(k)), capture_output=True, text=True,
+    child = subprocess.run(runner_script(pack, site, PROFILE + ["f4"], kill_after_file(k)), capture_output=True, text=True,
                            timeout=60)
     assert child.returncode == -signal.SIGKILL
     assert (site / STATE / "journal.json").exists()
@@ -410,7 +402,7 @@ def test_killed_mid_revert_is_repaired(tmp_path: Path) -> None:
     pack = make_pack(tmp_path, standard_fixes())
     before = snapshot(site)
     assert run_tool(pack, site, *PROFILE).returncode == 0
-    child = subprocess.run(runner_script(pack, site, ["--revert"], _killer(2)), capture_output=True, text=True,
+    child = subprocess.run(runner_script(pack, site, ["--revert"], kill_after_file(2)), capture_output=True, text=True,
                            timeout=60)
     assert child.returncode == -signal.SIGKILL
     r = run_tool(pack, site, "--revert")
@@ -421,7 +413,7 @@ def test_killed_mid_revert_is_repaired(tmp_path: Path) -> None:
 def test_repair_refuses_a_file_changed_after_the_kill(tmp_path: Path) -> None:
     site = make_site(tmp_path)
     pack = make_pack(tmp_path, standard_fixes())
-    child = subprocess.run(runner_script(pack, site, PROFILE, _killer(1)), capture_output=True, text=True,
+    child = subprocess.run(runner_script(pack, site, PROFILE, kill_after_file(1)), capture_output=True, text=True,
                            timeout=60)
     assert child.returncode == -signal.SIGKILL
     journal = json.loads((site / STATE / "journal.json").read_text())

@@ -19,7 +19,7 @@ import pytest
 
 from cookbook.fixpack import load_pack
 from cookbook.recipes import load_recipe, render_launch_block
-from fixpack_helpers import APPLY_ALL, STATE, load_apply_all, runner_script, sha, snapshot
+from fixpack_helpers import APPLY_ALL, STATE, kill_after_file, load_apply_all, runner_script, sha, snapshot
 from gaudi_sim import SimImage, apply_all, overlay
 
 pytestmark = pytest.mark.sim_image
@@ -83,19 +83,11 @@ def test_the_profile_applies_compiles_reads_applied_and_reverts_byte_identical(
         assert (sha(path.read_bytes()) if path.exists() else None) == digest, rel
 
 
-def _killer(k: int) -> str:
-    return (f"    orig(src, dst)\n"
-            f"    if '{STATE}' not in str(dst):\n"
-            f"        os.environ['N'] = str(int(os.environ.get('N', '0')) + 1)\n"
-            f"        if int(os.environ['N']) == {k}:\n"
-            f"            os.kill(os.getpid(), signal.SIGKILL)\n")
-
-
 @pytest.mark.parametrize("k", [1, 3, 6])  # 6: every target renamed into place, the ledger not yet written
 def test_a_kill_at_any_file_leaves_the_image_repairable(sim_image: SimImage, tmp_path: Path, k: int) -> None:
     site = overlay(sim_image, tmp_path / "site")
     before = snapshot(site)
-    child = subprocess.run(runner_script(APPLY_ALL.parent, site, ["--profile", PROFILE], _killer(k)),
+    child = subprocess.run(runner_script(APPLY_ALL.parent, site, ["--profile", PROFILE], kill_after_file(k)),
                            capture_output=True, text=True, timeout=120)
     assert child.returncode == -signal.SIGKILL, child.stderr
     status = apply_all(sim_image, "--status", "--profile", PROFILE, "--root", str(site))
