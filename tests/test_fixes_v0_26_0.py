@@ -32,8 +32,9 @@ def _profile_fixes() -> list:
     return [pack.fix(f) for f in pack.profile(PROFILE).fixes if not pack.fix(f).opt_in]
 
 
-def test_every_profile_fix_has_a_payload_its_targets_and_a_proof() -> None:
-    for fix in _profile_fixes():
+def test_every_fix_has_a_payload_its_targets_and_a_proof() -> None:
+    pack = load_pack()
+    for fix in [pack.fix(f) for f in pack.profile(PROFILE).fixes]:  # the two opt-ins too
         assert fix.has_payload, f"{fix.id}: no payload"
         assert fix.targets and all(t.post for t in fix.targets), f"{fix.id}: targets without post hashes"
         assert fix.proof is not None, f"{fix.id}: no proof"
@@ -98,32 +99,34 @@ def test_a_kill_at_any_file_leaves_the_image_repairable(sim_image: SimImage, tmp
     assert snapshot(site) == before
 
 
-def test_the_seed_launch_fix_step_exits_0_on_the_image_it_names(sim_image: SimImage, tmp_path: Path) -> None:
-    """AgentWorld's Launch block (no opt-in) as rendered by the cookbook, its fix step run by the image's `python3`
-    with nothing but the image on the path: the tool finds vllm_gaudi by `find_spec`, as in the container."""
+@pytest.mark.parametrize("recipe_id, step", [
+    ("Qwen/Qwen-AgentWorld-35B-A3B", "--profile v0.26.0"),
+    ("Qwen/Qwen3-Coder-Next", "--profile v0.26.0 gdn-prefix-cache"),
+    ("Qwen/Qwen3.5-122B-A10B-FP8", "--profile v0.26.0 gdn-prefix-cache fp8-moe-gather"),
+])
+def test_the_seed_launch_fix_step_exits_0_on_the_image_it_names_and_reverts(
+        sim_image: SimImage, tmp_path: Path, recipe_id: str, step: str) -> None:
+    """Each seed's Launch block as rendered by the cookbook, its fix step run by the image's `python3` with nothing
+    but the image on the path: the tool finds vllm_gaudi by `find_spec`, as in the container; then the tool's revert
+    restores every file byte for byte."""
     site = overlay(sim_image, tmp_path / "site")
-    script = render_launch_block(load_recipe("Qwen/Qwen-AgentWorld-35B-A3B"))
-    step = next(line for line in script.splitlines() if "fixes/apply_all.py" in line)
-    assert step.strip() == 'python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 || exit 1'
+    before = snapshot(site)
+    script = render_launch_block(load_recipe(recipe_id))
+    line = next(line for line in script.splitlines() if "fixes/apply_all.py" in line)
+    assert line.strip() == f'python3 "$COOKBOOK/fixes/apply_all.py" {step} || exit 1'
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update({"PATH": f"{sim_image.python.parent}:{env['PATH']}", "COOKBOOK": str(APPLY_ALL.parent.parent),
                 "PYTHONPATH": str(site)})
-    done = subprocess.run(["bash", "-c", step], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert (site / STATE / "ledger.json").exists()
+    ledger = json.loads((site / STATE / "ledger.json").read_text())
+    assert [a["id"] for a in ledger["applied"]] == [f.id for f in load_pack().selection(PROFILE, step.split()[2:])]
     assert not (sim_image.site / STATE).exists()  # the overlay was patched, never the cached image
+    assert apply_all(sim_image, "--revert", "--root", str(site)).returncode == 0
+    assert snapshot(site) == before
 
-
-def test_the_opt_ins_without_a_payload_are_named_and_a_wrong_gaudi_sw_is_refused(
-        sim_image: SimImage, tmp_path: Path) -> None:
+def test_a_wrong_gaudi_sw_is_refused_before_anything_is_written(sim_image: SimImage, tmp_path: Path) -> None:
     site = overlay(sim_image, tmp_path / "site")
-    before = snapshot(site)
-    pack = load_pack()
-    missing = [f for f in pack.profile(PROFILE).fixes if pack.fix(f).opt_in and not pack.fix(f).has_payload]
-    if missing:
-        r = apply_all(sim_image, "--profile", PROFILE, *missing, "--root", str(site))
-        assert r.returncode == 3 and f"payload not in this pack for {len(missing)} fix" in r.stderr, r.stderr
-        assert all(m in r.stderr for m in missing) and snapshot(site) == before
     plugin = next(site.glob("habana_torch_plugin-*.dist-info"))
     (plugin / "METADATA").write_text("Metadata-Version: 2.1\nName: habana_torch_plugin\nVersion: 1.23.0.695\n")
     r = apply_all(sim_image, "--profile", PROFILE, "--root", str(site))
@@ -140,7 +143,8 @@ def test_every_payload_is_captured_back_from_the_pristine_file_with_that_fix(sim
     shutil.copytree(APPLY_ALL.parent / PROFILE, pack / PROFILE)
     original = {p.relative_to(pack).as_posix(): p.read_bytes() for p in sorted(pack.rglob("*")) if p.is_file()}
     engine = load_apply_all()
-    for fix in _profile_fixes():
+    every = load_pack()
+    for fix in [every.fix(f) for f in every.profile(PROFILE).fixes if every.fix(f).has_payload]:
         folder = pack / PROFILE / fix.id
         edited = tmp_path / f"edited-{fix.id}"
         for patch in engine.parse_diff((folder / "payload.diff").read_bytes(), fix.id):

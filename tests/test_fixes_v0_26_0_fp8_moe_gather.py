@@ -9,15 +9,10 @@ on card 2 of 4 holding 64 of 256 (expert parallelism), top_k 8, ratio 1.0.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from cookbook.fixpack import load_pack
-from cookbook.recipes import load_recipe, render_launch_block
-from fixpack_helpers import APPLY_ALL, STATE
 from gaudi_sim import SimImage, apply_all, overlay
 
 pytestmark = pytest.mark.sim_image
@@ -68,31 +63,3 @@ def test_fp8_moe_gather(sim_image: SimImage, tmp_path: Path) -> None:
         assert "differs from the stock op" in got["verify_wrong_gather"], (card, got)
         assert got["wrong_gather_rel_err"] > 0.5, (card, got)
     assert patched["cards"]["one card, 64 experts"]["threshold_ratio_0.5"] == 4, patched
-
-
-def test_the_qwen3_5_launch_fix_step_runs_on_the_image(sim_image: SimImage, tmp_path: Path) -> None:
-    """Qwen3.5-122B-A10B-FP8's Launch block as rendered by the cookbook, its fix step run by the image's `python3`
-    with nothing but the image on the path. It exits 0 once gdn-prefix-cache has a payload too; until then it stops
-    with exit 3 naming gdn-prefix-cache alone (fp8-moe-gather's payload is in the pack) and writes nothing."""
-    site = overlay(sim_image, tmp_path / "site")
-    script = render_launch_block(load_recipe("Qwen/Qwen3.5-122B-A10B-FP8"))
-    step = next(line for line in script.splitlines() if "fixes/apply_all.py" in line)
-    assert step.strip() == ('python3 "$COOKBOOK/fixes/apply_all.py" --profile v0.26.0 gdn-prefix-cache '
-                            'fp8-moe-gather || exit 1')
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({"PATH": f"{sim_image.python.parent}:{env['PATH']}", "COOKBOOK": str(APPLY_ALL.parent.parent),
-                "PYTHONPATH": str(site)})
-    pack = load_pack()
-    assert pack.fix("fp8-moe-gather").has_payload
-    if pack.fix("gdn-prefix-cache").has_payload:
-        done = subprocess.run(["bash", "-c", step], capture_output=True, text=True, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr
-        assert (site / STATE / "ledger.json").exists()
-    else:
-        cmd = step.replace(" || exit 1", "; echo rc=$?")
-        done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=300)
-        assert "rc=3" in done.stdout, (done.stdout, done.stderr)
-        assert "payload not in this pack for 1 fix" in done.stderr and "gdn-prefix-cache" in done.stderr, done.stderr
-        assert "fp8-moe-gather" not in done.stderr, done.stderr
-        assert not (site / STATE).exists()
-    assert not (sim_image.site / STATE).exists()  # the overlay was patched, never the cached image

@@ -36,12 +36,9 @@ def test_profiles_and_fixes(pack: fixpack.FixPack) -> None:
     assert gaudi.fixes == [f for f in pack.order if f in SEED_FIXES]
     assert {f for f in gaudi.fixes if pack.fix(f).opt_in} == SEED_OPT_INS
     assert pack.fix("gdn-prefix-cache").depends_on == ["hybrid-decode-pad"]
-    # Every profile fix has its payload and says what was shown where (tests/test_fixes_v0_26_0.py checks the tests
-    # exist); the two opt-in designs are written separately, and none is claimed before it exists.
+    # Every fix has its payload and says what was shown where (tests/test_fixes_v0_26_0.py checks the tests exist).
     for f in gaudi.fixes:
-        fix = pack.fix(f)
-        assert fix.opt_in or (fix.has_payload and fix.proof is not None), f
-        assert fix.has_payload or fix.proof is None, f
+        assert pack.fix(f).has_payload and pack.fix(f).proof is not None, f
     cpu = pack.profile("cpu-0.32.0")
     assert cpu.fixes[0] == "vllm-cpu-version"
     assert all(pack.fix(f).has_payload and pack.fix(f).targets for f in cpu.fixes)
