@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ResultsError
-from .fixpack import load_pack
+from .fixpack import engine, load_pack
 from .recipes import REPO_ROOT, Recipe, render_launch_block
 from .results import RunResults, read_results
 from .secrets import scrub_file_text
@@ -77,11 +77,13 @@ def fix_proof_line(recipe: Recipe) -> str:
     hooks: list[str] = []
     for row in load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why)):
         proof = row.fix.proof
-        label = row.fix.proof_label.removesuffix("; hook into vLLM")
+        label = row.fix.proof_label.removesuffix(f"; {engine().base.HOOK_LABEL}")
         groups.setdefault(label, []).append(f"`{row.id}`")
         if proof is not None and proof.hook:
             hooks.append(f"`{row.id}`")
     parts = [f"{label}: {', '.join(ids)}" for label, ids in groups.items()]
+    if not hooks and set(groups) == {engine().base.SERVED_LABEL}:
+        return "What the fix pack has shown of these fixes: each is shown by its check on the served model (Verified)."
     if hooks:
         parts.append(f"hooks into vLLM from a vllm_gaudi file: {', '.join(hooks)}")
     return ("What the fix pack has shown of these fixes (no fix was run on a Gaudi card by this project): "

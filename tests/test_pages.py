@@ -193,3 +193,16 @@ def test_a_launch_claim_stands_only_over_the_block_the_run_used() -> None:
     assert "launch command above" not in pages.verified_note(
         measured.model_copy(update={"launch_block": render_launch_block(recipe)}), None
     )
+
+
+def test_the_fixes_section_says_what_was_shown_of_each_fix_and_where() -> None:
+    """Under Required fixes, each fix under the pack's own label for its proof (never more than a test showed)."""
+    line = pages.fix_proof_line(load_recipe("Qwen/Qwen3.5-122B-A10B-FP8"))
+    assert line.startswith("What the fix pack has shown of these fixes (no fix was run on a Gaudi card")
+    cpu, _, rest = line.partition("applied and compiled; the bug needs a Gaudi card")
+    assert "reproduced and fixed on CPU against the v0.26.0 sources: " in cpu and "`prompt-order`" in cpu
+    gaudi_only, _, hooks = rest.partition("hooks into vLLM")
+    assert set(re.findall(r"`[a-z0-9-]+`", gaudi_only)) == {"`rope-cpu-cache`", "`gather-logprobs-int32`", "`fp8-moe-gather`"}
+    assert "`rope-cpu-cache`" not in cpu and "`logprobs-decode-guard`" in hooks and "`rank-exception-fatal`" in hooks
+    served = pages.fix_proof_line(load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert "shown by its check on the served model" in served and "Gaudi" not in served

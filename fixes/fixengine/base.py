@@ -21,12 +21,13 @@ PROOF_LABELS = {
     "gaudi-only": "applied and compiled; the bug needs a Gaudi card (its contract is tested on CPU)",
 }
 HOOK_LABEL = "hook into vLLM"
+SERVED_LABEL = "shown by its check on a served model"  # a fix with no proof field (the cpu-0.32.0 profile)
 
 
 def proof_label(proof: dict | None, has_payload: bool) -> str:
     """One line for a fix's `proof` field (already checked by the pack loader)."""
     if proof is None:
-        return "payload not in this pack" if not has_payload else "shown by its check on a served model"
+        return "payload not in this pack" if not has_payload else SERVED_LABEL
     return PROOF_LABELS[proof["shown"]] + (f"; {HOOK_LABEL}" if proof.get("hook") else "")
 STATE_DIR = ".cookbook-fixes"
 LEDGER_FORMAT = 1
