@@ -661,6 +661,40 @@ def reference_for(ctx: ReferenceRequest) -> tuple[Reference | None, str]:
     return ref, ref.source
 
 
+class FallbackReference:
+    """The recipe's golden file where it recorded the prompt, else a forward pass computed here: a reference for any
+    prompt (the probes' generated ones), loading the model only when the golden file cannot answer."""
+
+    def __init__(self, first: Reference, then: Reference) -> None:
+        self.first, self.then = first, then
+
+    @property
+    def source(self) -> str:
+        return f"{self.first.source}; for a prompt it did not record, {self.then.source}"
+
+    def can_score(self, prompt_ids: list[int]) -> bool:
+        return self.first.can_score(prompt_ids) or self.then.can_score(prompt_ids)
+
+    def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5) -> RefScore:
+        chosen = self.first if self.first.can_score(prompt_ids) else self.then
+        return chosen.score(prompt_ids, max_new_tokens, top_k)
+
+
+def reference_for_any_prompt(ctx: ReferenceRequest) -> tuple[Reference | None, str]:
+    """`reference_for`, but able to score prompts a golden file did not record (a probe's departure judged at its own
+    prefix): the golden file first, then a forward pass computed here on the served checkpoint when one can run.
+    `--param reference=golden` keeps the golden file alone."""
+    ref, why = reference_for(ctx)
+    if not isinstance(ref, GoldenReference) or str(ctx.params.get("reference") or "").strip() == "golden":
+        return ref, why
+    checkpoint = served_checkpoint(ctx)
+    image = _image_for(ctx.recipe)
+    if checkpoint is None or image is None:
+        return ref, why
+    both = FallbackReference(ref, computed_reference(checkpoint, image, ctx.recipe.model.id if ctx.recipe else None))
+    return both, both.source
+
+
 def served_checkpoint(ctx: ReferenceRequest) -> Path | None:
     """The checkpoint the server serves, when it is on this machine: `--param reference_checkpoint=PATH`, else a
     CPU recipe's prepared weights."""

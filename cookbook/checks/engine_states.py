@@ -1051,13 +1051,54 @@ def _chunk_reference(
         diffs.append((i, abs(mine[tok] - other_entry[tok])))
     worst = max(diffs, key=lambda d: d[1]) if diffs else None
     allowed = expect.prompt_logprobs_max_diff
-    if worst is not None and worst[1] > allowed:
+    judged = _judge_chunkings(ctx, prompt, entries, theirs, [i for i, d in diffs if d > allowed])
+    if worst is not None and worst[1] > allowed and judged["failed"] is not False:
+        where = f"; {judged['note']}" if judged["note"] else ""
         problems.append(f"position {worst[0]}: prompt logprob differs from {url} (another chunking) by {worst[1]:.3g} "
-                        f"(allowed {allowed:g})")
+                        f"(allowed {allowed:g}){where}")
     return {"what": f"against {url} (another chunking) at {len(diffs)} positions",
             "max_diff": None if worst is None else round(worst[1], 6),
             "worst_position": None if worst is None else worst[0],
-            "mean_diff": round(sum(d for _, d in diffs) / len(diffs), 6) if diffs else None, "allowed": allowed}
+            "mean_diff": round(sum(d for _, d in diffs) / len(diffs), 6) if diffs else None, "allowed": allowed,
+            "judged_by_reference": judged}
+
+
+def _judge_chunkings(
+    ctx: CheckContext, prompt: list[int], mine: list[dict[int, float] | None], theirs: list[dict[int, float] | None],
+    positions: list[int],
+) -> dict[str, Any]:
+    """Where two chunkings' prompt logprobs differ by more than the recipe allows, the truth is the model's fp32
+    reference: if both sit within the dtype's tolerance of it at every such position, the difference is the dtype's
+    noise (both right), else one chunking is wrong. `failed`: None when no reference could judge."""
+    if not positions:
+        return {"failed": None, "note": "", "positions": []}
+    from .oracle import tolerance_for
+
+    ref, why = _reference(ctx, any_prompt=True)
+    if ref is None:
+        return {"failed": None, "note": f"no reference to judge it ({why})", "positions": positions}
+    try:
+        if not ref.can_score(prompt):
+            return {"failed": None, "note": "the reference cannot score this prompt", "positions": positions}
+        score = ref.score(prompt, 1, top_k=TOP_K)
+    except CookbookError as exc:
+        return {"failed": None, "note": f"the reference failed: {exc}", "positions": positions}
+    tolerance, tolerance_from = tolerance_for(ctx)
+    rows, failed = [], False
+    for i in positions:
+        theirs_ref = score.prompt[i] if i < len(score.prompt) else None
+        a, b = (mine[i] or {}).get(prompt[i]), (theirs[i] or {}).get(prompt[i])
+        if theirs_ref is None or a is None or b is None:
+            return {"failed": None, "note": f"the reference has no logprob at position {i}", "positions": positions}
+        off = max(abs(a - theirs_ref.logprob), abs(b - theirs_ref.logprob))
+        failed = failed or off > tolerance.max_abs_delta
+        rows.append({"position": i, "this": round(a, 5), "other": round(b, 5), "reference": round(theirs_ref.logprob, 5),
+                     "worst_from_reference": round(off, 5)})
+    worst = max(rows, key=lambda r: r["worst_from_reference"])
+    note = (f"the reference ({ref.source}) at position {worst['position']}: this {worst['this']:.3f}, the other "
+            f"{worst['other']:.3f}, the reference {worst['reference']:.3f}; {'one chunking is' if failed else 'both are'} "
+            f"{'more than' if failed else 'within'} {tolerance.max_abs_delta:g} of it ({tolerance_from})")
+    return {"failed": failed, "note": note, "positions": rows}
 
 
 # -- 4. batch composition ------------------------------------------------------------------------------------------
@@ -1146,14 +1187,17 @@ def batch_composition(ctx: CheckContext) -> CheckOutcome:
 # -- the oracle, where one is available ----------------------------------------------------------------------------
 
 
-def _reference(ctx: CheckContext) -> tuple[Any, str]:
-    """The numerics oracle's reference for this recipe (cookbook.reference.reference_for), or None and why; a check
-    parameter `use_reference: false` turns it off."""
+def _reference(ctx: CheckContext, any_prompt: bool = False) -> tuple[Any, str]:
+    """The numerics oracle's reference for this recipe (cookbook.reference.reference_for), or None and why; with
+    `any_prompt`, one that also scores the probe's own prompts (the golden file, else a forward pass computed here:
+    reference_for_any_prompt). A check parameter `use_reference: false` turns it off."""
     if ctx.params.get("use_reference") is False:
         return None, "turned off by a check parameter"
     from .. import reference as reference_mod
 
     try:
+        if any_prompt:
+            return reference_mod.reference_for_any_prompt(ctx)
         return reference_mod.reference_for(ctx)
     except CookbookError as exc:
         return None, str(exc)
@@ -1166,7 +1210,7 @@ def reference_judge(ctx: CheckContext, expect: Expectation) -> tuple[Judge | Non
     from .. import reference as reference_mod
     from .oracle import tolerance_for
 
-    ref, why = _reference(ctx)
+    ref, why = _reference(ctx, any_prompt=True)  # a departure is judged at the probe's own prefix
     if ref is None:
         return None, f"the recipe's tie margin {expect.tie_margin:g} (no reference: {why})"
     tolerance, tolerance_from = tolerance_for(ctx)
