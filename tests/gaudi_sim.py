@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +87,34 @@ class SimImage:
         return subprocess.run([str(self.python), *argv], capture_output=True, text=True, timeout=timeout, env=full)
 
     def repro(self, fix_id: str, overlay: Path | None = None, timeout: float = 600) -> dict:
-        """Run `repro_v0_26_0/<fix>.py` in the image; it prints one JSON object as its last line of stdout."""
+        """Run `repro_v0_26_0/<fix>.py` in the image; it prints one JSON object as its last line of stdout. A run
+        started ahead by `run_ahead` is waited for instead of started again."""
+        ahead = _AHEAD.pop((fix_id, str(overlay)), None)
+        if ahead is not None:
+            return ahead.result()
+        return self._repro(fix_id, overlay, timeout)
+
+    def _repro(self, fix_id: str, overlay: Path | None, timeout: float) -> dict:
         script = REPRO / f"{fix_id.replace('-', '_')}.py"
         done = self.run([str(script)], overlay, timeout)
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             raise AssertionError(f"{script.name} failed (exit {done.returncode}): {done.stderr[-3000:]}")
         return json.loads(lines[-1])
+
+
+# Reproducer runs started ahead of the tests that read them: (fix id, overlay) -> its result.
+_AHEAD: dict[tuple[str, str], Future] = {}
+
+
+def run_ahead(image: SimImage, runs: list[tuple[str, Path | None]], workers: int = 2) -> ThreadPoolExecutor:
+    """Start reproducer runs in the background, `workers` at a time (each is a fresh interpreter that spends most of
+    its time importing vLLM, on one core), in the order the tests will ask for them; `SimImage.repro` then waits for
+    a run instead of starting it. The caller shuts the pool down (pending runs cancelled) at the end of the session."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="repro-ahead")
+    for fix_id, overlay_dir in runs:
+        _AHEAD[(fix_id, str(overlay_dir))] = pool.submit(image._repro, fix_id, overlay_dir, 600)
+    return pool
 
 
 def image_dir() -> Path:

@@ -55,7 +55,13 @@ def test_prefix_cache_derives_its_prompts_and_passes_on_sliding_windows(
     assert any(512 < n <= 1024 for n in lengths) and any(n > 1024 for n in lengths)  # past the window, and twice
     for tokens, prompt in prompts.items():
         cold, hit = prompt["cached_tokens"]
-        assert not cold and prompt["comparison"]["text_identical"]
+        assert not cold
+        if not prompt["comparison"]["text_identical"]:
+            # The random tiny model has exact bf16 ties (three tokens at -9.666 on an AMD EPYC host): a hit may take
+            # another of them, and only the fp32 reference can say it is a tie, not a wrong state.
+            departed = [c for c in prompt["comparisons"] if not c["text_identical"]]
+            assert departed and all(c["divergence"]["verdict"] == "tie" for c in departed), prompt
+            assert all(c["divergence"]["reference"]["verdict"] == "tie" for c in departed), prompt
         # Every full block before the last token, the window's included: the sliding-window groups hit too.
         assert hit == (tokens - 1) // 128 * 128
         if hit:
