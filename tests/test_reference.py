@@ -313,3 +313,31 @@ def test_reference_record_refuses_bad_input_in_one_line_and_writes_nothing(capsy
     assert main(["reference", "record", "Qwen/Qwen3-Coder-Next", "--base-url", "http://127.0.0.1:9"]) == 1
     assert "does not answer /health" in capsys.readouterr().err
     assert not golden_path(seed).exists()
+
+
+class _Known:
+    """A reference that knows some prompts only (as a golden file does)."""
+
+    def __init__(self, name: str, prompts: list[list[int]] | None) -> None:
+        self.source, self.prompts, self.asked = name, prompts, []
+
+    def can_score(self, prompt_ids: list[int]) -> bool:
+        return self.prompts is None or prompt_ids in self.prompts
+
+    def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5):
+        from cookbook.reference import RefPosition, RefScore
+
+        self.asked.append(list(prompt_ids))
+        return RefScore(self.source, [None], [RefPosition(7, -0.1, {7: -0.1})])
+
+
+def test_the_fallback_reference_asks_the_golden_file_first_and_the_forward_pass_for_any_other_prompt() -> None:
+    from cookbook.reference import FallbackReference
+
+    golden, computed = _Known("golden", [[1, 2, 3]]), _Known("computed", None)
+    both = FallbackReference(golden, computed)
+    assert both.can_score([1, 2, 3]) and both.can_score([9, 9])
+    assert both.score([1, 2, 3], 1).source == "golden" and both.score([9, 9], 1).source == "computed"
+    assert golden.asked == [[1, 2, 3]] and computed.asked == [[9, 9]]
+    assert both.source == "golden; for a prompt it did not record, computed"
+    assert not FallbackReference(_Known("g", []), _Known("c", [])).can_score([4])
