@@ -50,11 +50,6 @@ class Proof(_Model):
     test: str = Field(description="tests/<file>.py::test_<fix id with - as _>, the test that shows it")
     summary: str = Field(description="The symptom on the pristine file, and what the test shows with the payload")
 
-    @property
-    def label(self) -> str:
-        """One line for --list, pages and notebooks (the engine's wording): never more than was shown."""
-        return str(engine().base.proof_label(self.model_dump(), True))
-
 
 class Fix(_Model):
     id: str
