@@ -418,6 +418,27 @@ class Endpoint:
         usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
         return ChatAnswer({"usage": usage}, time.monotonic() - started, chunks)
 
+    def stream_first_event(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> float | None:
+        """POST a streamed request, read it to its end, and return when (time.monotonic()) its first data line came,
+        None if none did. Failures are raised as `request_failure` says (a probe's gate request, which only holds the
+        engine while others queue)."""
+        timeout = timeout_s or self.timeout_s
+        where = f"{self.base_url}{path}"
+        first: float | None = None
+        try:
+            with self.http().stream("POST", path, json={**body, "stream": True}, timeout=timeout) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise status_failure(response.status_code, response.text, where, response.headers.get("location"))
+                for line in response.iter_lines():
+                    if first is None and line.startswith("data:"):
+                        first = time.monotonic()
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise request_failure(exc, where, timeout, self.budget, self.healthy) from None
+        return first
+
     def basic_auth(self, lib: Any) -> Any:
         """The --base-url's user:password as `lib`'s BasicAuth (None without): used, never shown."""
         return lib.BasicAuth(*self._auth) if self._auth else None

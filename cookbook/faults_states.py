@@ -20,12 +20,12 @@ from typing import Any
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from .completions import maybe_token_id
 from .faultproxy import Exchange, Fault, choices
 
 
 def _token_number(token: Any) -> int | None:
-    head, _, number = str(token).partition(":")
-    return int(number) if head == "token_id" and number.isdigit() else None
+    return maybe_token_id(str(token))
 
 
 def _rewrite_tokens(choice: dict[str, Any], start: int, new_ids: list[int]) -> None:

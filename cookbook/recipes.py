@@ -24,6 +24,7 @@ from .secrets import MASK, SECRET_FLAG_ENV, SECRET_FLAGS, is_secret_name, masked
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = REPO_ROOT / "recipes"
 RECIPE_FILE = "recipe.yaml"
+CALIBRATION_FILE = "calibration.yaml"  # beside the recipe, written by `cookbook calibrate`
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -247,6 +248,32 @@ class OracleExpectation(_Strict):
         return value
 
 
+class CalibratedValue(_Strict):
+    """One tolerance as calibration set it: the largest value clean runs showed, and what is allowed above it."""
+
+    measured: float = Field(ge=0, allow_inf_nan=False, description="The largest value seen over the clean runs")
+    allowed: float = Field(gt=0, allow_inf_nan=False, description="The tolerance the checks use: measured plus the margin")
+    runs_seen: int = Field(0, ge=0, description="How many of the runs produced a value for it")
+
+
+class Calibration(_Strict):
+    """Tolerances measured on clean runs of this recipe's server by `cookbook calibrate`, kept beside the recipe in
+    calibration.yaml (written by the command, never by hand): a check judges by these before the recipe's own
+    verification values and the cookbook's dtype defaults."""
+
+    when: str = Field(description="When the runs were made (UTC, ISO 8601)")
+    on: str = Field(description="What produced them: hardware, machine, image")
+    runs: int = Field(gt=0, description="Clean runs of the suite the values were measured on")
+    margin: str = Field(description="How `allowed` was set above `measured`, in words")
+    values: dict[str, CalibratedValue] = Field(
+        default_factory=dict, description="Tolerance name (cookbook.checks.kit.tolerances) -> measured and allowed"
+    )
+    model_misses: list[str] = Field(
+        default_factory=list, description="Known-answer cells the model itself misses (the reference answers the same)"
+    )
+    notes: list[str] = Field(default_factory=list, description="What the runs saw that a reader should know")
+
+
 class Verification(_Strict):
     """What `cookbook verify` expects of this model."""
 
@@ -286,6 +313,9 @@ class Recipe(_Strict):
     known_issues: list[str] = Field(default_factory=list)
     do_not: list[str] = Field(default_factory=list, description="What not to do")
     verification: Verification = Field(default_factory=Verification)
+    calibration: Calibration | None = Field(
+        None, description="Tolerances measured on clean runs (calibration.yaml beside the recipe; set by the loader)"
+    )
     lint: list[LintRule] = Field(
         default_factory=list, description="Rules this recipe declares for itself (cookbook.lint_rules), checked "
         "by `cookbook recipe validate` beside the seeds' rules"
@@ -400,11 +430,14 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
         raise RecipeError(f"{path}: {where}: not valid YAML ({problem})") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: (top level): expected a mapping of recipe fields")
-    for key in ("id", "path"):
+    for key in ("id", "path", "calibration"):
         if key in data:
             raise RecipeError(f"{path}: {key}: set by the loader from the file's location; remove it")
     data["id"] = recipe_id or _id_from_path(path)
     data["path"] = path
+    calibration = read_calibration(path.parent / CALIBRATION_FILE)
+    if calibration is not None:
+        data["calibration"] = calibration
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -416,6 +449,19 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
 
 
 MAX_RECIPE_BYTES = 1 << 20
+
+
+def read_calibration(path: Path) -> dict[str, Any] | None:
+    """calibration.yaml as a mapping (validated with the recipe), None when the recipe was never calibrated."""
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RecipeError(f"{path}: not a readable calibration file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: (top level): expected a mapping of calibration fields")
+    return data
 
 
 def _read_recipe_text(path: Path) -> str:

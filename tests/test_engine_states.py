@@ -16,14 +16,8 @@ import pytest
 from cookbook.checks import CHECKS, CheckContext, run_checks
 from cookbook.checks.engine_states import (
     GROUP,
-    Completion,
     EngineLayout,
-    Expectation,
     chunk_boundaries,
-    compare_runs,
-    expectation,
-    first_divergence,
-    parse_completion,
     plan_preemption,
     prompt_shape_problems,
 )
@@ -32,7 +26,7 @@ from cookbook.errors import CookbookError, RecipeError
 from cookbook.faultproxy import Exchange, FaultProxy
 from cookbook.faults_states import CorruptInFlight, RepeatTail, ShiftPromptLogprobs
 from cookbook.launch import Server, free_port, launch_flags, session_pids
-from cookbook.recipes import EngineStatesExpectation, Recipe, load_recipe
+from cookbook.recipes import Recipe, load_recipe
 from cookbook.results import RunResults
 
 NAMES = ["same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition"]
@@ -42,74 +36,9 @@ SMALL_BATCH = {"batch_sizes": [2, 4], "batch_max_tokens": 16}
 # -- unit ----------------------------------------------------------------------------------------------------------
 
 
-def _completion(ids: list[int], tops: list[dict[int, float]] | None = None, lps: list[float] | None = None) -> Completion:
-    tops = tops or [{i: -0.1} for i in ids]
-    return Completion(token_ids=ids, logprobs=lps or [tops[n].get(i, -0.1) for n, i in enumerate(ids)], top=tops)
-
-
 def test_the_group_is_registered_in_order() -> None:
     assert [name for name, spec in CHECKS.items() if spec.group == GROUP] == NAMES
     assert list(CHECKS)[-1] == "server-health"  # the group sits before the final health check
-
-
-def test_parse_completion_reads_token_ids_top_k_and_prompt_logprobs() -> None:
-    data = {
-        "choices": [{
-            "text": " a b",
-            "finish_reason": "length",
-            "logprobs": {"tokens": ["token_id:5", "token_id:7"], "token_logprobs": [-0.5, -1.0],
-                         "top_logprobs": [{"token_id:5": -0.5, "token_id:6": -1.5}, {"token_id:7": -1.0}]},
-            "prompt_logprobs": [None, {"11": {"logprob": -2.0, "rank": 1}, "12": {"logprob": -3.0, "rank": 2}}],
-        }],
-        "usage": {"prompt_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}},
-    }
-    parsed = parse_completion(data)
-    assert parsed.token_ids == [5, 7] and parsed.logprobs == [-0.5, -1.0]
-    assert parsed.top[0] == {5: -0.5, 6: -1.5}
-    assert parsed.prompt_logprobs == [None, {11: -2.0, 12: -3.0}]
-    assert parsed.cached_tokens == 0 and parsed.prompt_tokens == 2
-
-
-def test_a_flip_between_near_tied_tokens_is_a_tie_and_a_clear_one_fails() -> None:
-    solo = _completion([1, 2, 3], [{1: -0.1}, {2: -0.70, 9: -0.72}, {3: -0.1}])
-    tie = _completion([1, 9, 4], [{1: -0.1}, {9: -0.66, 2: -0.79}, {4: -0.1}])
-    clear = _completion([1, 9, 4], [{1: -0.1}, {9: -0.1, 2: -3.0}, {4: -0.1}])
-    expect = Expectation(max_logprob_diff=0.25, tie_margin=0.1)
-    found = first_divergence(solo, tie, 0.1, drift=0.25)
-    assert found is not None and found.verdict == "tie" and found.position == 1 and found.margin == pytest.approx(0.02)
-    assert compare_runs("p", solo, tie, expect).problems == []
-    bad = compare_runs("p", solo, clear, expect)
-    assert bad.divergence is not None and bad.divergence.verdict == "fail"
-    assert re.search(r"token 1 is 9, the solo run's 2", bad.problems[0]) and "top-5" in bad.problems[0]
-    # strict defaults: no ties at all, and any logprob difference fails
-    assert compare_runs("p", solo, tie, Expectation()).problems
-
-
-def test_logprob_drift_beyond_the_recipe_fails_and_is_measured() -> None:
-    solo = _completion([1, 2], lps=[-0.1, -0.2])
-    run = _completion([1, 2], lps=[-0.1, -0.6])
-    result = compare_runs("p", solo, run, Expectation(max_logprob_diff=0.25, tie_margin=0.1))
-    assert result.tokens_identical and result.max_logprob_diff == pytest.approx(0.4)
-    assert "differ from the solo run by 0.4" in result.problems[0]
-
-
-def test_tolerances_come_from_the_recipe_else_its_dtype() -> None:
-    """A recipe with no engine_states settings is judged within its dtype's tolerance (the prefix-cache probe's),
-    not bit-identity; a recipe's field, then a check parameter, wins; a recipe may ask for 0."""
-    endpoint = Endpoint("http://127.0.0.1:9", "m")
-    gemma = load_recipe("cookbook/tiny-gemma3")
-    assert gemma.verification.engine_states is None and gemma.precision.dtype == "bf16"
-    plain = expectation(CheckContext(endpoint, gemma))
-    assert (plain.max_logprob_diff, plain.tie_margin, plain.prompt_logprobs_max_diff) == (0.15, 0.15, 0.15)
-    assert "bf16 default 0.15" in plain.source
-    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
-    own = expectation(CheckContext(endpoint, smol, params={"tie_margin": 0}))
-    assert (own.max_logprob_diff, own.tie_margin, own.prompt_logprobs_max_diff) == (0.25, 0.0, 0.5)
-    assert "tie_margin from check parameter" in own.source
-    verification = gemma.verification.model_copy(update={"engine_states": EngineStatesExpectation(max_logprob_diff=0)})
-    strict = gemma.model_copy(update={"verification": verification})
-    partial = expectation(CheckContext(endpoint, strict))
-    assert (partial.max_logprob_diff, partial.tie_margin) == (0.0, 0.15)
 
 
 def _layout(pool: int, block: int = 128, context: int = 8192, seqs: int = 8, chunk: int | None = 2048) -> EngineLayout:
@@ -276,7 +205,7 @@ def test_verify_launch_starts_with_the_overrides_and_stops(
 
 
 def test_the_writer_of_a_salt_is_the_request_the_engine_took_first() -> None:
-    from cookbook.checks.engine_states import _roles_as_scheduled
+    from cookbook.checks.engine_states import roles_as_scheduled as _roles_as_scheduled
 
     sent = ["writer", "hit", "cold", "hit"]
     groups = [0, 0, 1, 0]

@@ -8,14 +8,20 @@ from cookbook.checks._load_all import CHECK_MODULES
 from cookbook.cli import COMMANDS, build_parser
 
 PACKAGE = Path(checks.__file__).resolve().parent.parent
-HELPERS = {"registry", "matching"}  # modules of the checks package that register no check
+HELPERS = {"registry", "matching", "kit"}  # modules and packages of the checks package that register no check
 
 
 def test_every_check_module_is_loaded() -> None:
-    on_disk = {p.stem for p in (PACKAGE / "checks").glob("*.py") if not p.stem.startswith("_")} - HELPERS
-    assert set(CHECK_MODULES) == on_disk
-    registered_from = {spec.fn.__module__.rsplit(".", 1)[-1] for spec in checks.CHECKS.values()}
+    """A check module is a module of cookbook/checks or a package there (one module per probe inside)."""
+    folder = PACKAGE / "checks"
+    modules = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
+    packages = {p.parent.name for p in folder.glob("*/__init__.py")}
+    assert set(CHECK_MODULES) == (modules | packages) - HELPERS
+    registered_from = {spec.fn.__module__.split(".")[2] for spec in checks.CHECKS.values()}
     assert registered_from == set(CHECK_MODULES)
+    in_packages = {spec.fn.__module__.split(".")[3] for spec in checks.CHECKS.values() if spec.fn.__module__.count(".") > 2}
+    probes = {p.stem for name in packages - HELPERS for p in (folder / name).glob("*.py") if not p.stem.startswith("_")}
+    assert in_packages == probes  # every probe module of a package registers its check
 
 
 def test_every_command_module_is_a_subcommand() -> None:

@@ -16,7 +16,9 @@ from cookbook.checks.prefix_cache import (
     result_text,
     server_cache_config,
 )
+from cookbook.checks.kit import Referee, tolerances
 from cookbook.endpoint import Endpoint
+from cookbook.reference import RefPosition, RefScore
 from cookbook.haystack import Answer
 from cookbook.recipes import Recipe
 from cookbook.results import CheckResult
@@ -141,19 +143,27 @@ def test_result_text_names_what_failed() -> None:
     assert not odd_block.passed and result_text(odd_block).endswith("cached tokens wrong on 1 of 1 prompts")
 
 
-def _flipped(cold_top: list[tuple[str, float]], later_top: list[tuple[str, float]]) -> tuple[Answer, Answer]:
-    """A cold and a later answer that share their first token and part at the second."""
-    cold = Answer(text="Paris is", tokens=["Paris", cold_top[0][0]], logprobs=[-0.1, cold_top[0][1]],
-                  top=[[("Paris", -0.1)], cold_top], cached_tokens=0, seconds=0.1)
-    later = Answer(text="Paris was", tokens=["Paris", later_top[0][0]], logprobs=[-0.1, later_top[0][1]],
-                   top=[[("Paris", -0.1)], later_top], cached_tokens=384, seconds=0.1)
+IS, WAS, A = 7, 9, 5  # token ids of " is", " was", " a"
+
+
+def _flipped(cold_top: list[tuple[int, float]], later_top: list[tuple[int, float]]) -> tuple[Answer, Answer]:
+    """A cold and a later answer (token ids, as the probe asks for them) that share their first token and part at
+    the second."""
+    def ids(top: list[tuple[int, float]]) -> list[tuple[str, float]]:
+        return [(f"token_id:{t}", lp) for t, lp in top]
+
+    cold = Answer(text="Paris is", tokens=["token_id:1", f"token_id:{cold_top[0][0]}"], logprobs=[-0.1, cold_top[0][1]],
+                  top=[[("token_id:1", -0.1)], ids(cold_top)], cached_tokens=0, seconds=0.1)
+    later = Answer(text="Paris was", tokens=["token_id:1", f"token_id:{later_top[0][0]}"],
+                   logprobs=[-0.1, later_top[0][1]], top=[[("token_id:1", -0.1)], ids(later_top)], cached_tokens=384,
+                   seconds=0.1)
     return cold, later
 
 
-def _prompt_with(cold: Answer, later: Answer, tokens: int = 437) -> "object":
+def _prompt_with(cold: Answer, later: Answer, tokens: int = 437, **judged: object) -> "object":
     from cookbook.checks.prefix_cache import PromptReport, combine
 
-    comparisons = [compare(cold, later)]
+    comparisons = [compare(cold, later, **judged)]  # type: ignore[arg-type]
     return PromptReport(
         target_tokens=tokens, prompt_tokens=tokens, salt="s", cached_tokens=[0, later.cached_tokens],
         seconds=[0.1, 0.1], metric_deltas=[0.0, float(later.cached_tokens or 0)], hit_request=2,
@@ -164,71 +174,87 @@ def _prompt_with(cold: Answer, later: Answer, tokens: int = 437) -> "object":
 def test_a_flip_on_a_near_tie_is_reported_as_a_tie_with_its_margin() -> None:
     from cookbook.checks.prefix_cache import _judge
 
-    cold, later = _flipped([(" is", -0.70), (" was", -0.72)], [(" was", -0.69), (" is", -0.71)])
-    flip = compare(cold, later).divergence
-    assert flip is not None and flip.index == 1 and (flip.cold_token, flip.later_token) == (" is", " was")
-    assert flip.cold_margin == pytest.approx(0.02) and flip.later_margin == pytest.approx(0.02)
+    cold, later = _flipped([(IS, -0.70), (WAS, -0.72)], [(WAS, -0.69), (IS, -0.71)])
+    flip = compare(cold, later).departure
+    assert flip is not None and flip.position == 1 and (flip.baseline_token, flip.run_token) == (IS, WAS)
+    assert flip.baseline_margin == pytest.approx(0.02) and flip.run_margin == pytest.approx(0.02)
     report = _prompt_with(cold, later)
     _judge(report, "close", 0.15)  # type: ignore[arg-type]
     assert report.problems == []  # type: ignore[attr-defined]
     [tie] = report.ties  # type: ignore[attr-defined]
-    assert "a flip on a near-tie" in tie and "margin 0.02" in tie and "no reference" in tie
+    assert ": tie, " in tie and "the cold run's margin 0.02" in tie and "no reference" in tie
     full = PrefixCacheReport(layout=CPU, logprobs_expected="close", max_logprob_diff_allowed=0.15, prompts=[report])
-    assert full.passed and "1 flip on a near-tie" in result_text(full)
+    assert full.passed and "1 departure on a near-tie" in result_text(full)
     # A recipe that expects bit-identical logprobs still fails it: the flip is reported as a tie, the bits differ.
-    strict = _prompt_with(cold, later)
-    _judge(strict, "bit-identical", 0.0, 0.15)  # type: ignore[arg-type]
+    strict = _prompt_with(cold, later, strict=True)
+    _judge(strict, "bit-identical", 0.0)  # type: ignore[arg-type]
     assert any("not bit-identical" in p for p in strict.problems)  # type: ignore[attr-defined]
 
 
 def test_a_flip_to_a_token_the_cold_run_ranked_clearly_lower_fails() -> None:
     from cookbook.checks.prefix_cache import _judge
 
-    cold, later = _flipped([(" is", -0.05), (" was", -3.2)], [(" was", -0.4), (" is", -1.3)])
+    cold, later = _flipped([(IS, -0.05), (WAS, -3.2)], [(WAS, -0.4), (IS, -1.3)])
     report = _prompt_with(cold, later)
     _judge(report, "close", 0.15)  # type: ignore[arg-type]
     [problem] = report.problems  # type: ignore[attr-defined]
     assert "answered 'Paris was', the cold run 'Paris is'" in problem
-    assert "margin 3.15" in problem and "clearly lower" in problem
-    outside, wrong = _flipped([(" is", -0.05), (" a", -2.0)], [(" was", -0.4), (" is", -1.3)])
-    flip = compare(outside, wrong).divergence
-    assert flip is not None and flip.cold_margin is None and flip.cold_margin_at_least == pytest.approx(1.95)
+    assert "the cold run's margin 3.15" in problem and ": fail, " in problem
+    outside, wrong = _flipped([(IS, -0.05), (A, -2.0)], [(WAS, -0.4), (IS, -1.3)])
+    flip = compare(outside, wrong).departure
+    assert flip is not None and flip.baseline_margin is None and flip.verdict == "fail"
     report = _prompt_with(outside, wrong)
     _judge(report, "close", 0.15)  # type: ignore[arg-type]
-    assert "not in the cold run's top 2" in report.problems[0] and "clearly lower" in report.problems[0]  # type: ignore[attr-defined]
+    assert "token 9 is not in the cold run's top 2" in report.problems[0]  # type: ignore[attr-defined]
+
+
+class _Reference:
+    """The reference at the flip (prompt [100, 101] + the shared token 1: position 3 of the scored ids)."""
+
+    source = "computed here (test)"
+
+    def __init__(self, at_flip: RefPosition) -> None:
+        self.at_flip = at_flip
+
+    def can_score(self, prompt_ids: list[int]) -> bool:
+        return True
+
+    def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5) -> RefScore:
+        positions: list[RefPosition | None] = [None, None, RefPosition(1, -0.1, {1: -0.1}), self.at_flip]
+        return RefScore(self.source, positions[: len(prompt_ids)], [RefPosition(0, -0.1, {0: -0.1})])
+
+
+def _referee(at_flip: RefPosition) -> Referee:
+    referee = Referee(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    referee._looked, referee._reference = True, _Reference(at_flip)  # type: ignore[assignment]
+    return referee
 
 
 def test_with_a_reference_the_reference_judges_the_flip() -> None:
     """The cold run alone would call this flip clearly lower; the reference (fp32) puts the tokens 0.1 apart."""
-    from cookbook.checks.prefix_cache import ReferenceVerdict, _judge
-    from cookbook.reference import RefPosition, judge_divergence
+    from cookbook.checks.prefix_cache import _judge
 
-    cold, later = _flipped([(" is", -0.05), (" was", -3.2)], [(" was", -0.4), (" is", -1.3)])
-    report = _prompt_with(cold, later)
-    ref = judge_divergence(RefPosition(token_id=7, logprob=-0.6, top={7: -0.6, 9: -0.7}), 7, 9, 0.5)
-    assert ref.verdict == "tie"
-    report.comparisons[0].divergence.reference = ReferenceVerdict(  # type: ignore[attr-defined, union-attr]
-        verdict=ref.verdict, margin=ref.margin, tolerance=0.5, note=ref.note, source="computed here (test)"
-    )
+    cold, later = _flipped([(IS, -0.05), (WAS, -3.2)], [(WAS, -0.4), (IS, -1.3)])
+    near = _referee(RefPosition(IS, -0.6, {IS: -0.6, WAS: -0.7}))
+    report = _prompt_with(cold, later, prompt=[100, 101], referee=near)
     _judge(report, "close", 0.15)  # type: ignore[arg-type]
     assert report.problems == []  # type: ignore[attr-defined]
     [tie] = report.ties  # type: ignore[attr-defined]
-    assert "the reference (computed here (test))" in tie and "the reference's 0.1" in tie
-    wrong = judge_divergence(RefPosition(token_id=7, logprob=-0.1, top={7: -0.1, 9: -4.0}), 7, 9, 0.5)
-    report = _prompt_with(cold, later)
-    report.comparisons[0].divergence.reference = ReferenceVerdict(  # type: ignore[attr-defined, union-attr]
-        verdict=wrong.verdict, margin=wrong.margin, tolerance=0.5, note=wrong.note, source="golden file"
-    )
+    assert "computed here (test)" in tie and "reference margin 0.1" in tie and "the cold run's margin 3.15" in tie
+    far = _referee(RefPosition(IS, -0.1, {IS: -0.1, WAS: -4.0}))
+    report = _prompt_with(cold, later, prompt=[100, 101], referee=far)
     _judge(report, "close", 0.15)  # type: ignore[arg-type]
-    assert "clearly lower" in report.problems[0] and "golden file" in report.problems[0]  # type: ignore[attr-defined]
+    assert "this run lost the right token" in report.problems[0] and "computed here (test)" in report.problems[0]  # type: ignore[attr-defined]
 
 
 def test_without_a_reference_the_verdict_says_so_and_why() -> None:
     from cookbook.checks.prefix_cache import _judge
 
-    cold, later = _flipped([(" is", -0.70), (" was", -0.72)], [(" was", -0.69), (" is", -0.71)])
-    report = _prompt_with(cold, later)
-    _judge(report, "close", 0.15, None, "no reference recorded for this image")  # type: ignore[arg-type]
+    cold, later = _flipped([(IS, -0.70), (WAS, -0.72)], [(WAS, -0.69), (IS, -0.71)])
+    referee = Referee(CheckContext(Endpoint("http://127.0.0.1:9", "m"), None))
+    referee._looked, referee.why_none = True, "no reference recorded for this image"
+    report = _prompt_with(cold, later, prompt=[100, 101], referee=referee)
+    _judge(report, "close", 0.15)  # type: ignore[arg-type]
     assert "no reference (no reference recorded for this image)" in report.ties[0]  # type: ignore[attr-defined]
 
 
@@ -349,7 +375,7 @@ def test_the_server_layout_matches_the_recipes(
 @pytest.mark.integration
 def test_a_server_that_caches_fails_a_recipe_with_caching_off(cpu_server: Endpoint) -> None:
     """The Qwen-AgentWorld expectation (nothing ever cached) against a server that does cache."""
-    report, evidence = probe_prefix_cache(cpu_server, [700], OFF, max_tokens=16)
+    report, evidence = probe_prefix_cache(cpu_server, [700], OFF, tolerances(None), max_tokens=16)
     assert not report.passed
     assert "with prefix caching off" in evidence[0].note
     assert "cached tokens reported on 1 of 1 prompts with prefix caching off" in result_text(report)
@@ -387,10 +413,10 @@ def test_faults_make_the_probe_fail_on_smollm2(cpu_server: Endpoint, cpu_recipe:
     _assert_caught(result, fault.symptom)
     if fault_name == "hit-different-text":  # a wrong-state hit: both runs' top-k at the first differing token
         [prompt] = result.details["prompts"]
-        flip = prompt["comparisons"][0]["divergence"]
-        assert flip["cold_top"] and flip["later_top"] and flip["verdict"] == "clearly lower", flip
+        flip = prompt["comparisons"][0]["departure"]
+        assert flip["baseline_top"] and flip["run_top"] and flip["verdict"] == "fail", flip
         assert "first differing token" in result.evidence[0].note
-        assert result.evidence[0].response["first_divergence"][0]["cold_top"] == flip["cold_top"]
+        assert result.evidence[0].response["first_departure"][0]["baseline_top"] == flip["baseline_top"]
     if fault_name == "ignore-cache-salt":
         [prompt] = result.details["prompts"]
         assert prompt["new_salt_checked"] and prompt["new_salt_cached"] == prompt["cached_tokens"][1] > 0

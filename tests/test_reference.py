@@ -17,6 +17,7 @@ from cookbook.checks.oracle import (
     tolerance_for,
     topk_divergence,
 )
+from cookbook.checks.kit.departure import rank_by_reference
 from cookbook.checks.registry import CheckSkipped
 from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
@@ -34,7 +35,6 @@ from cookbook.reference import (
     Served,
     build_prompts,
     golden_path,
-    judge_divergence,
     recorded_positions,
     reference_for,
 )
@@ -45,33 +45,37 @@ SEEDS = ["Qwen/Qwen3-Coder-Next", "Qwen/Qwen-AgentWorld-35B-A3B", "Qwen/Qwen3.5-
 TOL = DEFAULT_TOLERANCES["bf16"]
 
 
-# -- judging a flip ---------------------------------------------------------------------------------------------------
+# -- judging a flip: the probe kit's one rule, with the reference as the baseline ----------------------------------------
 
 
 def test_a_flip_between_near_tied_tokens_is_a_tie_with_its_margin() -> None:
     ref = RefPosition(7, -1.00, {7: -1.00, 9: -1.05, 3: -2.5})
-    verdict = judge_divergence(ref, 7, 9, tolerance=0.5)
-    assert verdict.verdict == "tie" and verdict.margin == pytest.approx(0.05)
+    verdict = rank_by_reference(ref, 7, 9, 0.5)
+    assert verdict is not None and verdict.verdict == "tie" and verdict.margin == pytest.approx(0.05)
     assert "0.050 apart" in verdict.note and not verdict.failed
 
 
 def test_a_flip_to_a_token_ranked_clearly_lower_fails() -> None:
     ref = RefPosition(7, -0.2, {7: -0.2, 9: -2.0, 3: -2.5})
-    verdict = judge_divergence(ref, 7, 3, tolerance=0.5)
-    assert verdict.failed and verdict.margin == pytest.approx(2.3)
+    verdict = rank_by_reference(ref, 7, 3, 0.5)
+    assert verdict is not None and verdict.failed and verdict.margin == pytest.approx(2.3)
     assert "ranked 2.300 below" in verdict.note
 
 
 def test_a_flip_outside_the_reference_top_k_fails_unless_the_floor_is_within_tolerance() -> None:
     clear = RefPosition(7, -0.1, {7: -0.1, 9: -3.0})
-    assert judge_divergence(clear, 7, 42, 0.5).failed
+    found = rank_by_reference(clear, 7, 42, 0.5)
+    assert found is not None and found.failed and found.bound == "at least"
     flat = RefPosition(7, -9.40, {7: -9.40, 9: -9.45})  # a random-weight model: everything is a near-tie
-    verdict = judge_divergence(flat, 7, 42, 0.5)
-    assert verdict.verdict == "tie" and verdict.margin is None
+    verdict = rank_by_reference(flat, 7, 42, 0.5)
+    assert verdict is not None and verdict.verdict == "tie" and verdict.bound == "at least"
 
 
-def test_same_token_is_no_divergence() -> None:
-    assert judge_divergence(RefPosition(1, -0.1, {1: -0.1}), 1, 1, 0.5).verdict == "same"
+def test_the_oracle_never_calls_a_flip_from_its_own_argmax_the_baseline_off() -> None:
+    """With the reference as the baseline, `expected` is its own argmax: the other token can only rank below it."""
+    ref = RefPosition(7, -0.5, {7: -0.5, 9: -0.6})
+    verdict = rank_by_reference(ref, ref.argmax, 9, 0.05)
+    assert verdict is not None and verdict.verdict == "fail"
 
 
 # -- measures ---------------------------------------------------------------------------------------------------------

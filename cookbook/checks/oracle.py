@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CookbookError, ServerError
+from ..errors import ServerError
 from ..haystack import request_timeout, server_max_model_len, sliding_windows
 from ..recipes import OracleTolerance
 from ..reference import (
@@ -31,51 +31,26 @@ from ..reference import (
     checkpoint_config,
     checkpoint_facts,
     complete_with_logprobs,
-    judge_divergence,
     reference_for,
     served_checkpoint,
 )
 from ..results import Evidence
+from .kit.departure import Ranking, rank_by_reference
+from .kit.tolerances import (REFERENCE_DEFAULTS, REFERENCE_MAX, REFERENCE_MEAN, REFERENCE_TIE, REFERENCE_TOPK,
+                              reference_tolerance)
 from .registry import CheckContext, CheckFailed, CheckOutcome, CheckSkipped, check
 
 LABEL = "Logprobs against a reference forward pass (cookbook's own check)"
 
-# Defaults for a recipe that sets no tolerances of its own. bf16: measured on the clean CPU server (SmolLM2-135M
-# bf16 vs the fp32 reference; see docs/checks.md), with a margin. The others are scaled from it by the dtype's
-# rounding (fp16 has 3 more mantissa bits than bf16; fp8 e4m3 has 4 fewer) and are starting points, not measurements.
-DEFAULT_TOLERANCES: dict[str, OracleTolerance] = {
-    "bf16": OracleTolerance(
-        max_abs_delta=0.6, mean_abs_delta=0.06, max_topk_divergence=0.15, tie_margin=0.5, min_top1_agreement=0.97,
-        measured="cookbook default for bf16 (SmolLM2-135M on the CPU server, docs/checks.md)",
-    ),
-    "fp16": OracleTolerance(
-        max_abs_delta=0.3, mean_abs_delta=0.02, max_topk_divergence=0.08, tie_margin=0.25, min_top1_agreement=0.98,
-        measured="cookbook default for fp16 (scaled from the bf16 measurement, not measured)",
-    ),
-    "fp32": OracleTolerance(
-        max_abs_delta=0.05, mean_abs_delta=0.005, max_topk_divergence=0.02, tie_margin=0.05, min_top1_agreement=0.99,
-        measured="cookbook default for fp32 (kernel-order noise only, not measured)",
-    ),
-    "fp8": OracleTolerance(
-        max_abs_delta=1.5, mean_abs_delta=0.2, max_topk_divergence=0.3, tie_margin=1.0, min_top1_agreement=0.9,
-        measured="cookbook default for fp8 (scaled from the bf16 measurement, not measured)",
-    ),
-}
+DEFAULT_TOLERANCES = REFERENCE_DEFAULTS  # the served dtype's defaults live with every other tolerance
 DEFAULT_MAX_NEW_TOKENS = 16
 DEFAULT_TOP_K = 5
 EVIDENCE_POSITIONS = 3
 
 
 def tolerance_for(ctx: CheckContext) -> tuple[OracleTolerance, str]:
-    """The recipe's tolerance for its served dtype, else the cookbook's default for it (and which it was)."""
-    recipe = ctx.recipe
-    dtype = recipe.precision.dtype if recipe else str(ctx.params.get("dtype", "bf16"))
-    spec = recipe.verification.oracle if recipe else None
-    if spec and dtype in spec.tolerances:
-        return spec.tolerances[dtype], f"the recipe's {dtype} tolerances"
-    if dtype not in DEFAULT_TOLERANCES:
-        raise CookbookError(f"verification.oracle.tolerances: no tolerance for dtype {dtype!r}")
-    return DEFAULT_TOLERANCES[dtype], f"the cookbook's default {dtype} tolerances"
+    """The recipe's tolerance for its served dtype (calibrated values on top), else the cookbook's default."""
+    return reference_tolerance(ctx.recipe, ctx.params)
 
 
 # -- comparing one prompt ---------------------------------------------------------------------------------------------
@@ -95,6 +70,17 @@ def topk_divergence(ref_top: dict[int, float], served_top: dict[int, float]) -> 
     return min(1.0, total / 2)
 
 
+def margin_drift(ref: RefPosition, served_top: dict[int, float]) -> float:
+    """The most the served margin between the reference's top token and another token both top-k lists hold departs
+    from the reference's margin: the noise that decides whether two candidates can swap (a flip needs a reference
+    margin below it), so what a clean run shows of it is what `tie_margin` must cover."""
+    top = ref.argmax
+    if top not in served_top or top not in ref.top:
+        return 0.0
+    return max((abs((served_top[top] - served_top[t]) - (ref.top[top] - ref.top[t]))
+                for t in ref.top if t != top and t in served_top), default=0.0)
+
+
 @dataclass
 class PositionDiff:
     where: str  # "prompt" or "greedy"
@@ -104,6 +90,7 @@ class PositionDiff:
     reference: float
     delta: float
     divergence: float
+    margin_drift: float = 0.0  # see margin_drift()
 
 
 @dataclass
@@ -119,6 +106,7 @@ class PromptComparison:
     greedy_total: int = 0
     greedy_verdict: str = "same"
     greedy_note: str = ""
+    greedy_tie_margin: float | None = None  # the reference's margin at a greedy near-tie flip
     served_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -147,7 +135,7 @@ def compare_prompt(
         _top1(out, i, ref_pos, served.prompt_rank1[i], tol)
         out.diffs.append(
             PositionDiff("prompt", i, ids[i], served_lp, ref_pos.logprob, abs(served_lp - ref_pos.logprob),
-                         topk_divergence(ref_pos.top, served.prompt_top[i]))
+                         topk_divergence(ref_pos.top, served.prompt_top[i]), margin_drift(ref_pos, served.prompt_top[i]))
         )
     # Greedy continuation: equal token by token until the first difference, judged there by the reference.
     ref_ids = ref.greedy_ids
@@ -157,26 +145,36 @@ def compare_prompt(
         ref_pos = ref.greedy[step]
         token = served.tokens[step]
         if token != ref_pos.token_id:
-            verdict = judge_divergence(ref_pos, ref_pos.token_id, token, tol.tie_margin)
-            out.greedy_verdict = verdict.verdict
+            verdict = _rank(ref_pos, ref_pos.token_id, token, tol)
+            out.greedy_verdict = "fail" if verdict.failed else "tie"
             out.greedy_note = f"greedy step {step}: served token {token}, reference {ref_pos.token_id}; {verdict.note}"
+            out.greedy_tie_margin = None if verdict.failed else verdict.margin
             if verdict.verdict == "tie":
                 _after_tie(out, prompt, served, step, reference, tol)
             break
         out.greedy_same += 1
         out.diffs.append(
             PositionDiff("greedy", step, token, served.logprobs[step], ref_pos.logprob,
-                         abs(served.logprobs[step] - ref_pos.logprob), topk_divergence(ref_pos.top, served.top[step]))
+                         abs(served.logprobs[step] - ref_pos.logprob), topk_divergence(ref_pos.top, served.top[step]),
+                         margin_drift(ref_pos, served.top[step]))
         )
     return out
+
+
+def _rank(ref_pos: RefPosition, expected: int, other: int, tol: OracleTolerance) -> Ranking:
+    """The kit's one rule with the reference as the baseline (its own argmax is `expected`)."""
+    ranking = rank_by_reference(ref_pos, expected, other, tol.tie_margin)
+    if ranking is None:  # the reference's own token is always in its top-k; a malformed position is not a tie
+        return Ranking(verdict="fail", margin=None, bound="exact", note=f"token {other}: neither token in the reference's top-k")
+    return ranking
 
 
 def _top1(out: PromptComparison, i: int, ref_pos: RefPosition, served_argmax: int | None, tol: OracleTolerance) -> None:
     if served_argmax is None or served_argmax == ref_pos.argmax:
         out.top1_agree += 1
         return
-    verdict = judge_divergence(ref_pos, ref_pos.argmax, served_argmax, tol.tie_margin)
-    if verdict.verdict == "tie":
+    verdict = _rank(ref_pos, ref_pos.argmax, served_argmax, tol)
+    if not verdict.failed:
         out.top1_ties.append((i, verdict.margin))
     else:
         out.top1_flips.append((i, verdict.note))
@@ -199,10 +197,11 @@ def _after_tie(
             continue
         out.diffs.append(
             PositionDiff("greedy", j, served.tokens[j], served.logprobs[j], ref_pos.logprob,
-                         abs(served.logprobs[j] - ref_pos.logprob), topk_divergence(ref_pos.top, served.top[j]))
+                         abs(served.logprobs[j] - ref_pos.logprob), topk_divergence(ref_pos.top, served.top[j]),
+                         margin_drift(ref_pos, served.top[j]))
         )
         if served.tokens[j] != ref_pos.argmax:
-            verdict = judge_divergence(ref_pos, ref_pos.argmax, served.tokens[j], tol.tie_margin)
+            verdict = _rank(ref_pos, ref_pos.argmax, served.tokens[j], tol)
             if verdict.failed:
                 out.greedy_verdict = "fail"
                 out.greedy_note += f"; then at greedy step {j} (reference scoring the served continuation): {verdict.note}"
@@ -388,8 +387,26 @@ def _outcome(
         "near_ties": [{"prompt": k, "position": i, "margin": None if m is None else round(m, 4)} for k, i, m in ties],
         "clear_flips": [{"prompt": k, "position": i, "note": n} for k, i, n in flips[:20]],
         "prompts": [_prompt_details(c) for c in comparisons],
+        "noise": _noise(comparisons, diffs, [m for _, _, m in ties]),
     }
     return CheckOutcome(not problems, result, evidence if problems or greedy_ties else evidence[:2], details)
+
+
+def _noise(comparisons: list[PromptComparison], diffs: list[PositionDiff],
+           tie_margins: list[float | None]) -> dict[str, float | None]:
+    """What this run measured, for `cookbook calibrate`: the chosen tokens' max and mean |served - reference|, the
+    largest top-k divergence, and the flip noise: the larger of any near-tie's reference margin (greedy and top-1)
+    and the largest margin drift (margin_drift) at any compared position."""
+    deltas = [d.delta for d in diffs]
+    flips = [abs(m) for m in tie_margins if m is not None]
+    flips += [abs(c.greedy_tie_margin) for c in comparisons if c.greedy_tie_margin is not None]
+    flips += [d.margin_drift for d in diffs]
+    return {
+        REFERENCE_MAX: round(max(deltas), 5) if deltas else None,
+        REFERENCE_MEAN: round(sum(deltas) / len(deltas), 5) if deltas else None,
+        REFERENCE_TOPK: round(max(d.divergence for d in diffs), 5) if diffs else None,
+        REFERENCE_TIE: round(max(flips), 5) if flips else None,
+    }
 
 
 def _prompt_details(c: PromptComparison) -> dict[str, Any]:

@@ -19,5 +19,6 @@ COMMANDS: dict[str, str] = {
     "demo": "set up the CPU image and model, launch the CPU recipe, run every notebook, write the report",
     "doctor": "what a recipe needs against what this box has, one line each",
     "reference": "the numerics oracle's reference: record a golden file",
+    "calibrate": "measure a recipe's tolerances on a clean server N times; write its calibration.yaml",
     "k8s": "Kubernetes manifests: a recipe's server, its Service and a validation Job",
 }
