@@ -246,3 +246,22 @@ def test_a_shift_of_every_logprob_is_a_fault_even_when_each_step_is_near_the_ref
     result = compare_traces("p", solo, shifted, PROMPT, _referee(reference), TOL)
     assert result.drift is not None and result.drift.verdict == "fail"
     assert "on average over 8 shared steps" in result.problems[0]
+
+
+def test_a_check_whose_tolerance_is_as_large_as_its_fault_is_inconclusive_not_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import cookbook.checks.engine_states.batch as batch
+    from cookbook.checks import CHECKS
+    from cookbook.checks.engine_states import EngineLayout
+    from cookbook.checks.registry import CheckInconclusive
+
+    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    noisy = recipe.model_copy(update={"calibration": Calibration(
+        when="2026-12-01T00:00:00+00:00", on="test", runs=3, margin="x1.5",
+        values={"runs.max_logprob_diff": CalibratedValue(measured=0.9, allowed=1.35, runs_seen=3)})})
+    layout = EngineLayout(block_size=128, kv_pool_tokens=93_184, prefix_caching=True, max_model_len=8192,
+                          max_num_seqs=8, max_num_batched_tokens=2048)
+    monkeypatch.setattr(batch, "engine_layout", lambda _ctx: layout)  # no server: the check stops before any request
+    with pytest.raises(CheckInconclusive, match=r"runs.max_logprob_diff is 1.35 .*as large as the fault"):
+        CHECKS["batch-composition"].fn(CheckContext(ENDPOINT, noisy))

@@ -4,19 +4,29 @@ A wrong cache state or broken long-context numerics (RoPE tables past a length, 
 fluent text; it loses a fact buried at some depth. Per cell of a depth x length grid the probe builds a token-exact
 haystack with its own random needle, sends it cold (its own ``cache_salt``), scores by exact match and times the
 answer. Lengths come from the recipe, capped to the server's context.
+
+The planted needle is not the truth about the server: a small model loses a needle by itself. What a correct server
+answers is what a correct forward pass of this model gives, so where the model's fp32 reference is at hand (the
+golden file, else a forward pass computed here) it judges a cell: every answer token teacher-forced through the
+reference must be its own choice, up to a near-tie the dtype can flip (`kit.departure.rank_by_reference`). Such an
+answer passes even without its needle (a model limit, said so); one the reference rules out fails even with it.
+Without a reference, or for a prompt past the model's positions (where a reference is not ground truth), the
+planted needle stays the bar. Every answer's text must also be what its token ids say.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from ..endpoint import Endpoint
 from ..errors import CookbookError
 from ..haystack import (
+    Answer,
     ask,
     body_excerpt,
     build_haystack,
+    chat_prompt_ids,
     fit_lengths,
     format_tokens,
     join_words,
@@ -27,14 +37,24 @@ from ..haystack import (
     seed_param,
     served_model,
     DEFAULT_DIGITS,
+    Needle,
     ServedModel,
 )
+from ..reference import RefPosition, Reference
 from ..results import Evidence
+from .kit.departure import rank_by_reference
+from .kit.referee import REFERENCE_TOP_K, Referee
+from .kit.tolerances import Tolerance, tolerances
 from .registry import CheckContext, CheckOutcome, check
 
 DEFAULT_DEPTHS = [0.1, 0.5, 0.9]
 # Without a recipe: the seeds' 65K, 131K and 244K of a 262,144-token context, as fractions of the server's.
 DEFAULT_LENGTH_FRACTIONS = [0.248, 0.5, 0.93]
+# Which cells the reference judges: a teacher-forced fp32 pass costs about 37 s at 2K and 125 s at 6K tokens on the
+# shared 2-vCPU CPU machine (SmolLM2-135M, measured under load), so by default only answers without their needle.
+ReferenceScope = Literal["misses", "every-cell"]
+MODEL_MISSES = "needles.model_misses"  # the calibration's name for the cells the model itself misses
+SAME_ANSWER = "the reference answers the same"
 
 
 class NeedleCell(BaseModel):
@@ -52,6 +72,30 @@ class NeedleCell(BaseModel):
     cached_tokens: int | None = Field(description="Should be 0 or None: every cell is cold")
     finish_reason: str | None = None
     filler_after: int = Field(0, description="Filler tokens between the needle and the question")
+    answer_token_ids: list[int] = Field(default_factory=list, description="The answer's tokens ('token_id:N')")
+    judged_by: str = Field(
+        "the planted needle", description="'the reference', or 'the planted needle: <why no reference judged>'"
+    )
+    model_limit: bool = Field(
+        False, description="The needle is missing but every answer token is the reference's own (up to near-ties)"
+    )
+    limit: str | None = Field(None, description="A model limit in words: the reference answers the same, or a near-tie")
+    reference_answer: str | None = Field(None, description="The reference's own greedy answer, where it was computed")
+    near_ties: int = Field(0, description="Answer tokens that are not the reference's argmax but within its tie margin")
+    disputed: str | None = Field(None, description="The first answer token the reference rules out, in words")
+    text_mismatch: str | None = Field(None, description="Why message.content is not what the answer's tokens say")
+
+    @property
+    def id(self) -> str:
+        """'4000@0.5': length and depth, the name calibration.yaml's model_misses use."""
+        return f"{self.target_tokens}@{self.depth:g}"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def passed(self) -> bool:
+        """What a correct server answers: the needle found, or missed as the model itself misses it; nothing the
+        reference rules out and text that is its tokens."""
+        return (self.found or self.model_limit) and self.disputed is None and self.text_mismatch is None
 
 
 class NeedleGrid(BaseModel):
@@ -65,12 +109,18 @@ class NeedleGrid(BaseModel):
         return next((c for c in self.cells if c.target_tokens == length and c.depth == depth), None)
 
     def score(self, length: int) -> tuple[int, int]:
+        """(cells answered as a correct server answers, cells) at one length."""
         row = [c for c in self.cells if c.target_tokens == length]
-        return sum(c.found for c in row), len(row)
+        return sum(c.passed for c in row), len(row)
 
     @property
     def passed(self) -> bool:
-        return bool(self.cells) and all(c.found and not c.cached_tokens for c in self.cells)
+        return bool(self.cells) and all(c.passed and not c.cached_tokens for c in self.cells)
+
+    @property
+    def model_misses(self) -> list[str]:
+        """Cells whose needle the model itself loses (the reference answers the same), by `NeedleCell.id`."""
+        return [c.id for c in self.cells if c.model_limit]
 
     def times(self) -> dict[str, dict[str, float]]:
         """Per length: the first cell's time (it may compile a new shape) and the range, in seconds."""
@@ -80,6 +130,126 @@ class NeedleGrid(BaseModel):
             if seconds:
                 summary[str(length)] = {"first": seconds[0], "min": min(seconds), "max": max(seconds)}
         return summary
+
+
+class NeedleReferee(Protocol):
+    """What judging a cell asks of the reference (`kit.Referee` is one; a test passes a fake)."""
+
+    why_none: str
+
+    @property
+    def reference(self) -> Reference | None: ...
+
+    def path(self, prompt: list[int], tokens: list[int]) -> list[RefPosition | None] | None: ...
+
+
+class NeedleJudge:
+    """Judges one cell's answer: its text against its tokens, then its tokens against the reference where the
+    reference is ground truth, else its text against the planted needle."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        referee: NeedleReferee | None,
+        noise: Tolerance,
+        max_positions: int | None = None,
+        scope: ReferenceScope = "misses",
+    ) -> None:
+        self.endpoint, self.referee, self.noise = endpoint, referee, noise
+        self.max_positions, self.scope = max_positions, scope
+        self.asked = False  # whether any cell needed the reference (its source or absence is then worth saying)
+
+    def judge(self, cell: NeedleCell, answer: Answer, prompt_ids: Callable[[], list[int]]) -> None:
+        """Fill in the cell's verdict fields; `prompt_ids` gives the prompt's ids as the server saw them (asked only
+        when the reference judges)."""
+        cell.text_mismatch = self.text_mismatch(answer)
+        ids = [i for i in answer.token_ids if i is not None]
+        cell.answer_token_ids = ids
+        if cell.text_mismatch is not None:
+            cell.judged_by = "the answer's own tokens: its text is not what they say"
+            return
+        reach = cell.prompt_tokens + len(ids)
+        if self.max_positions and reach > self.max_positions:
+            cell.judged_by = (f"the planted needle: prompt and answer ({reach:,} tokens) run past the "
+                              f"{self.max_positions:,} positions the model was made for, where a reference is not "
+                              "ground truth")
+            return
+        if cell.found and self.scope == "misses":
+            cell.judged_by = "the planted needle: found (the reference is asked only for answers without their needle)"
+            return
+        self.asked = True
+        reference = self.referee.reference if self.referee is not None else None
+        prompt = prompt_ids() if reference is not None else []
+        path = self.referee.path(prompt, ids) if self.referee is not None and reference is not None else None
+        if reference is None or path is None:
+            cell.judged_by = f"the planted needle: no reference ({self.why_none})"
+            return
+        for index, token in enumerate(ids):
+            at = path[index] if index < len(path) else None
+            ranking = rank_by_reference(at, at.argmax, token, self.noise.value) if at is not None else None
+            if at is None or ranking is None:
+                cell.judged_by = f"the planted needle: the reference did not score answer token {index}"
+                return
+            if token == at.argmax:
+                continue
+            if ranking.failed:
+                cell.judged_by = "the reference"
+                bound = "at least " if ranking.bound == "at least" else ""
+                cell.disputed = (f"at answer token {index} the server chose {self.show(token)} where the reference "
+                                 f"prefers {self.show(at.argmax)} by {bound}{ranking.margin:.3g} (tie margin "
+                                 f"{self.noise.value:g}, {self.noise.source})")
+                return
+            cell.near_ties += 1
+        cell.judged_by = "the reference"
+        if not cell.found:
+            cell.model_limit = True
+            cell.reference_answer = answer.text if not cell.near_ties else self.greedy_answer(reference, prompt, answer)
+            needle = Needle(key=cell.needle_key, value=cell.needle_value)
+            cell.limit = (f"a near-tie away from the needle: the reference answers {cell.reference_answer!r}"
+                          if needle.found_in(cell.reference_answer) else SAME_ANSWER)
+
+    @property
+    def why_none(self) -> str:
+        return (self.referee.why_none if self.referee is not None else "") or "none available"
+
+    def text_mismatch(self, answer: Answer) -> str | None:
+        """Why the answer's text is not what its token ids say (a proxy that rewrites the text alone), else None."""
+        ids = answer.token_ids
+        if not ids:
+            return None if not answer.text else "the answer has no token logprobs to read its text from"
+        if None in ids:
+            named = answer.tokens[ids.index(None)]
+            return f"the answer's logprobs name a token {named!r}, not 'token_id:N' (return_tokens_as_token_ids)"
+        known = [i for i in ids if i is not None]
+        said = self.endpoint.detokenize(known)
+        if _same_text(said, answer):
+            return None
+        if answer.finish_reason == "stop" and _same_text(self.endpoint.detokenize(known[:-1]), answer):
+            return None  # the last token is the stop token, which message.content leaves out
+        return f"the answer's text {answer.text!r} is not what its tokens say ({said!r})"
+
+    def show(self, token: int) -> str:
+        return f"{self.endpoint.detokenize([token])!r} (token {token})"
+
+    def greedy_answer(self, reference: Reference, prompt: list[int], answer: Answer) -> str | None:
+        """The reference's own greedy answer to the prompt, as long as the served one (a forward pass more)."""
+        try:
+            greedy = reference.score(prompt, len(answer.token_ids), top_k=REFERENCE_TOP_K).greedy_ids
+        except CookbookError:
+            return None
+        stop = answer.token_ids[-1] if answer.finish_reason == "stop" and answer.token_ids else None
+        if stop is not None and stop in greedy:
+            greedy = greedy[: greedy.index(stop)]
+        return self.endpoint.detokenize(greedy).strip()
+
+
+def _same_text(said: str, answer: Answer) -> bool:
+    """The tokens' text is the answer's, allowing for surrounding whitespace and a reasoning part the server split
+    off into reasoning_content."""
+    text, reasoning = answer.text.strip(), answer.reasoning.strip()
+    if said.strip() == text:
+        return True
+    return bool(reasoning) and reasoning in said and said.rstrip().endswith(text)
 
 
 def probe_needles(
@@ -92,10 +262,13 @@ def probe_needles(
     served: ServedModel | None = None,
     digits: int = DEFAULT_DIGITS,
     progress: Callable[[str], None] | None = None,
+    judge: NeedleJudge | None = None,
 ) -> tuple[NeedleGrid, list[Evidence]]:
-    """Every cell cold, scored by exact match; evidence for every miss and every cell that was not cold (a miss
-    says how far before the question its needle sat, and whether that is beyond the served sliding window).
-    `progress` hears of each cell."""
+    """Every cell cold, judged by `judge` (without one: text against tokens, then the planted needle); evidence for
+    every failed cell and every cell that was not cold (a miss says how far before the question its needle sat, and
+    whether that is beyond the served sliding window). `progress` hears of each cell."""
+    judge = judge or NeedleJudge(endpoint, None, tolerances(None).flip_noise,
+                                 served.max_positions if served is not None else None)
     cells: list[NeedleCell] = []
     evidence: list[Evidence] = []
     total = len(lengths) * len(depths)
@@ -106,7 +279,7 @@ def probe_needles(
             cell_seed = f"{seed}:needle:{length}:{depth}"
             needle = make_needle(cell_seed, digits)
             haystack = build_haystack(endpoint, length, depth, needle, seed=cell_seed)
-            body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=False)
+            body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=True, token_ids=True)
             answer = ask(endpoint, body, request_timeout(timeout_s, haystack.prompt_tokens))
             cell = NeedleCell(
                 target_tokens=length,
@@ -122,22 +295,32 @@ def probe_needles(
                 finish_reason=answer.finish_reason,
                 filler_after=haystack.filler_after,
             )
+            if progress and not cell.found:
+                progress(f"cell {row * len(depths) + column + 1}/{total}: no needle, asking the reference")
+            judge.judge(cell, answer, lambda: chat_prompt_ids(endpoint, haystack.messages))
             cells.append(cell)
-            if not cell.found or cell.cached_tokens:
+            if not cell.passed or cell.cached_tokens:
                 notes = []
-                if not cell.found:
+                if not cell.found and not cell.passed:
                     where = f"{haystack.filler_after:,} filler tokens before the question"
                     reach = served.beyond(haystack.filler_after) if served is not None else None
                     notes.append(
                         f"expected {needle.value} ({needle.key}) at depth {depth} ({where}"
                         f"{', ' + reach if reach else ''}), got {answer.text!r}"
                     )
+                if cell.found and not cell.passed:
+                    notes.append(f"the needle {needle.value} is in the answer {answer.text!r}, but a correct server "
+                                 "does not answer this")
+                notes += [problem for problem in (cell.text_mismatch, cell.disputed) if problem]
+                if not cell.passed and not cell.disputed and not cell.text_mismatch:
+                    notes.append(f"judged by {cell.judged_by}")
                 if cell.cached_tokens:
                     notes.append(f"the cell was not cold: {cell.cached_tokens} cached tokens with a fresh cache_salt")
                 evidence.append(
                     Evidence(
                         request=body_excerpt(body),
-                        response={"content": answer.text, "finish_reason": answer.finish_reason, "usage": answer.usage},
+                        response={"content": answer.text, "finish_reason": answer.finish_reason, "usage": answer.usage,
+                                  "token_ids": cell.answer_token_ids},
                         note=f"{cell.prompt_tokens} tokens: " + "; ".join(notes),
                     )
                 )
@@ -145,7 +328,7 @@ def probe_needles(
 
 
 def result_text(grid: NeedleGrid) -> str:
-    """'3/3 at 65K, 131K and 244K tokens'; lengths with the same score share one phrase."""
+    """'3/3 at 65K, 131K and 244K tokens'; lengths with the same score share one phrase; model limits said."""
     groups: list[tuple[str, list[str]]] = []
     for length in grid.lengths:
         found, total = grid.score(length)
@@ -156,6 +339,14 @@ def result_text(grid: NeedleGrid) -> str:
         else:
             groups.append((score, [format_tokens(prompt)]))
     text = ", ".join(f"{score} at {join_words(words)}" for score, words in groups) + " tokens"
+    limits: dict[str, int] = {}
+    for c in grid.cells:
+        if c.model_limit and c.passed:
+            kind = SAME_ANSWER if c.limit == SAME_ANSWER else "a near-tie away from the needle"
+            limits[kind] = limits.get(kind, 0) + 1
+    if limits:
+        said = ", ".join(f"{n} cell{'s' if n > 1 else ''} a model limit: {kind}" for kind, n in limits.items())
+        text += f" ({said})"
     not_cold = sum(bool(c.cached_tokens) for c in grid.cells)
     if not_cold:
         text += f"; {not_cold} cell{'s' if not_cold > 1 else ''} not cold (cached tokens with a fresh cache_salt)"
@@ -182,6 +373,12 @@ def needles(ctx: CheckContext) -> CheckOutcome:
     if not lengths or not depths:
         raise CookbookError("needles: no lengths or depths to test")
     fitted = fit_lengths(list(lengths), context, ctx.max_tokens)
+    scope = str(ctx.params.get("needle_reference") or "misses")
+    if scope not in ("misses", "every-cell"):
+        raise CookbookError(f"needles: --param needle_reference: expected misses or every-cell, got {scope!r}")
+    referee = Referee(ctx)
+    judge = NeedleJudge(ctx.endpoint, referee, tolerances(ctx.recipe, ctx.params, served.dtype).flip_noise,
+                        served.max_positions, "every-cell" if scope == "every-cell" else "misses")
     grid, evidence = probe_needles(
         ctx.endpoint,
         fitted,
@@ -192,14 +389,23 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         served=served,
         digits=digits,
         progress=ctx.report,
+        judge=judge,
     )
     details = grid.model_dump()
+    if judge.asked:
+        details["reference"] = {**referee.details(), "scope": scope}
+    else:
+        details["reference"] = {"judge": "not asked: no cell needed it", "scope": scope}
+    details["noise"] = {MODEL_MISSES: grid.model_misses}
     details["times"] = grid.times()
     details["max_model_len"] = context
     details["served"] = served.model_dump()
     contradictions = served.contradictions()
     details["layout_contradictions"] = contradictions
     text = result_text(grid)
+    unjudged = [c for c in grid.cells if not c.passed and c.judged_by.startswith("the planted needle: no reference")]
+    if unjudged:
+        text += f"; judged by the planted needle: no reference ({referee.why_none or 'none available'})"
     if contradictions and not grid.passed:  # what the server does otherwise than the model's config says
         text += "; " + "; ".join(contradictions)
         evidence += [Evidence(note=c) for c in contradictions]

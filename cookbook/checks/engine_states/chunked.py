@@ -18,7 +18,7 @@ from ...endpoint import Endpoint
 from ...haystack import format_tokens
 from ...reference import RefScore
 from ...results import Evidence
-from ..kit import Referee, Tolerances, tolerances
+from ..kit import Referee, Tolerances, tolerances, too_noisy
 from ..kit.client import PromptSource, complete, timeout_for
 from ..kit.memory import MemorySample, MemoryWatch
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
@@ -225,6 +225,9 @@ def chunked_prompt_logprobs(ctx: CheckContext) -> CheckOutcome:
     if prompt_len <= chunk:
         raise CheckInconclusive(f"the longest prompt this server takes ({format_tokens(longest)} tokens) fits in one "
                                 f"prefill chunk of {chunk:,} tokens: no chunk boundary to cross", details=details)
+    noisy = too_noisy(tol.prompt_drift)
+    if noisy:
+        raise CheckInconclusive(noisy, details={"tolerances": tol.model_dump()})
     endpoint = ctx.endpoint
     prompt = PromptSource(endpoint, ctx.params.get("seed") or 0).tokens("chunked-prompt", prompt_len)
     salt = new_salt("chunked")

@@ -9,7 +9,7 @@
 from .compare import RunComparison, compare_traces, tally
 from .departure import Departure, Drift, first_departure, judge_departure, judge_drift
 from .referee import Referee
-from .tolerances import Tolerance, Tolerances, tolerances
+from .tolerances import Tolerance, Tolerances, tolerances, too_noisy
 
 __all__ = [
     "Departure",
@@ -24,4 +24,5 @@ __all__ = [
     "judge_drift",
     "tally",
     "tolerances",
+    "too_noisy",
 ]

@@ -164,3 +164,9 @@ def tolerances(recipe: Recipe | None, params: dict[str, Any] | None = None, serv
                            states.prompt_logprobs_max_diff if states else None, dtype),
         hit_drift=_pick(HIT_DRIFT, "prefix_cache_max_logprob_diff", recipe, params, hit_value, dtype),
     )
+
+
+def too_noisy(*judged_by: Tolerance) -> str | None:
+    """Why a check judged by these tolerances cannot tell its fault from the noise (the first reason), or None: the
+    check then says so (inconclusive) instead of passing or failing."""
+    return next((reason for reason in (t.too_noisy for t in judged_by) if reason), None)

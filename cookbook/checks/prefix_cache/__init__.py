@@ -18,8 +18,8 @@ from __future__ import annotations
 from ...errors import CookbookError
 from ...haystack import fit_lengths, join_words, seed_param, served_model
 from ...results import Evidence
-from ..kit import Referee, tolerances
-from ..registry import CheckContext, CheckOutcome, check
+from ..kit import Referee, tolerances, too_noisy
+from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._layout import (
     HITS_METRIC,
     CacheLayout,
@@ -155,6 +155,9 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
     # A recipe that says nothing: 'close' within the dtype's tolerance (bit-identity is a claim a recipe opts into).
     logprobs = expectation.logprobs if expectation is not None else "close"
     tol = tolerances(ctx.recipe, ctx.params, served.dtype)
+    noisy = too_noisy(tol.hit_drift, tol.flip_noise) if logprobs == "close" else too_noisy(tol.flip_noise)
+    if noisy:
+        raise CheckInconclusive(noisy, details={"tolerances": tol.model_dump()})
     fitted = fit_lengths(list(lengths), context, ctx.max_tokens)
     referee = Referee(ctx)
     report, evidence = probe_prefix_cache(
