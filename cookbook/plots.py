@@ -29,7 +29,7 @@ FIGURE_FORMATS = (".png", ".svg", ".pdf")
 # Check status -> bar colour: green pass, amber known limitation, grey skipped, blue inconclusive, red otherwise.
 STATUS_COLOURS = {"pass": "#2e7d32", "known limitation": "#f9a825", "skipped": "#9e9e9e", "inconclusive": "#6a8caf"}
 # Engine-state request verdict -> bar colour: green identical, amber a near-tie flip, red otherwise.
-VERDICT_COLOURS = {"identical": "#2e7d32", "tie": "#f9a825"}
+VERDICT_COLOURS = {"identical": "#2e7d32", "tie": "#f9a825", "baseline-off": "#f9a825"}
 FAILED_COLOUR = "#c62828"
 
 
@@ -542,7 +542,8 @@ def needles_figure(check: "CheckResult | None", title: str = NEEDLE_TITLE) -> "F
 
 def engine_states_figure(results: "RunResults") -> "Figure":
     """Each request of the engine-state probes against its solo run: the largest logprob difference over the tokens
-    both share, green when the tokens were identical, amber for a near-tie flip, red for a divergence that failed;
+    both share, green when the tokens were identical, amber for a departure the probe kit's rule passed (a near-tie,
+    or the solo run the one off), red for one that failed;
     one panel per probe, titled with its status, so a probe that did not run still shows why."""
     from .checks.engine_states import comparison_rows
 
@@ -552,7 +553,7 @@ def engine_states_figure(results: "RunResults") -> "Figure":
     panels = figure.subplots(1, max(1, len(names)), squeeze=False)[0]
     for axes, check in zip(panels, results.checks):
         mine = [r for r in rows if r["check"] == check.name]
-        allowed = (check.details.get("expectation") or {}).get("max_logprob_diff")
+        allowed = ((check.details.get("tolerances") or {}).get("runs_drift") or {}).get("value")
         if mine:
             labels = [str(r["request"])[:18] for r in mine]
             diffs = [r["max logprob diff"] or 0.0 for r in mine]

@@ -251,11 +251,11 @@ def test_a_needle_cell_that_did_not_run_and_a_grid_that_did_not() -> None:
 def engine_states() -> list[CheckResult]:
     def compared(name: str, identical: bool, diff: float | None, verdict: str | None) -> dict[str, object]:
         return {"name": name, "tokens_identical": identical, "max_logprob_diff": diff,
-                "divergence": {"position": 3, "verdict": verdict, "margin": 0.01} if verdict else None}
+                "departure": {"position": 3, "verdict": verdict, "baseline_margin": 0.01} if verdict else None}
 
     return [
         CheckResult(name="batch-composition", label="Batch composition", status="fail", result="1 of 3 diverged",
-                    details={"expectation": {"max_logprob_diff": 0.05},
+                    details={"tolerances": {"runs_drift": {"value": 0.05}},
                              "comparisons": [compared("a", True, 0.0, None), compared("b", False, 0.02, "tie"),
                                              compared("c", False, 1.5, "fail")]}),
         CheckResult(name="preemption", label="Preemption", status="inconclusive", result="no preemption", details={}),

@@ -62,7 +62,8 @@ report.checks_frame(results)
 pd.DataFrame(comparison_rows(results))
 
 # %% [markdown]
-# Green: the same tokens as alone; amber: a near-tie flip within the recipe's margin; red: a divergence that fails.
+# Green: the same tokens as alone; amber: a departure the model's reference calls a near-tie (or where the solo run was
+# the one off); red: one that fails.
 # The dashed line is the largest logprob difference the recipe allows.
 
 # %%
