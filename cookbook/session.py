@@ -90,7 +90,11 @@ class Session:
         return RunResults(**{**base, **fields})
 
     def close(self) -> None:
-        """Stop the server this session started (none when it attached)."""
+        """Stop the server this session started (none when it attached) and the reference forward passes its checks
+        started."""
+        from .reference import COMPUTED
+
+        COMPUTED.close_all()
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -85,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         return _internal_error(exc)
     finally:
+        _close_references()
         sys.stdout, sys.stderr = out, err
+
+
+def _close_references() -> None:
+    """Stop every reference forward pass the command started (a check loads one at most once per run)."""
+    from ..reference import COMPUTED
+
+    COMPUTED.close_all()
 
 
 def _common_checks(args: argparse.Namespace) -> None:
