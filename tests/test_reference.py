@@ -345,3 +345,30 @@ def test_the_fallback_reference_asks_the_golden_file_first_and_the_forward_pass_
     assert golden.asked == [[1, 2, 3]] and computed.asked == [[9, 9]]
     assert both.source == "golden; for a prompt it did not record, computed"
     assert not FallbackReference(_Known("g", []), _Known("c", [])).can_score([4])
+
+
+def test_a_computed_score_is_read_back_from_the_cache_without_loading_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later notebook or run asks the same forward pass again: it reads the answer, and no process starts (the
+    image's Python here does not exist, so a start would fail). Another checkpoint's files never share it."""
+    from cookbook.image import ImageEnv
+    from cookbook.reference import ComputedReference
+    from cookbook.reference._computed import ScoreCache
+
+    monkeypatch.setenv("COOKBOOK_CACHE", str(tmp_path / "cache"))
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    image = ImageEnv(python=tmp_path / "no-python", bin_dir=tmp_path)
+    answer = {"prompt": [None, [5, -1.25, [[5, -1.25], [6, -2.0]]]], "greedy": [[7, -0.5, [[7, -0.5]]]]}
+    scores = ScoreCache(checkpoint, image)
+    scores.put(ScoreCache.key([4, 5], 1, 5), {"info": {"transformers": "test"}, "started_at": "then", "answer": answer})
+    ref = ComputedReference(checkpoint, image)
+    scored = ref.score([4, 5], 1, top_k=5)
+    assert scored.prompt[1] == RefPosition(5, -1.25, {5: -1.25, 6: -2.0}) and scored.greedy_ids == [7]
+    assert ref._proc is None and "transformers test" in scored.source
+    with pytest.raises(CookbookError):
+        ref.score([4, 5, 6], 1, top_k=5)  # not in the cache: the forward pass must start, and cannot here
+    (checkpoint / "model.safetensors").write_text("other weights")
+    assert ScoreCache(checkpoint, image).folder != scores.folder

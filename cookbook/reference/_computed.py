@@ -3,7 +3,9 @@ long-lived subprocess speaking JSON lines, and the registry that keeps one per c
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -11,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..image import ImageEnv
+from ..image import ImageEnv, cache_dir
 from ._types import ReferenceError, RefScore, _now, _position
 
 FORWARD_SCRIPT = Path(__file__).parent.with_name("_reference_forward.py")
@@ -20,6 +22,46 @@ FORWARD_SCRIPT = Path(__file__).parent.with_name("_reference_forward.py")
 LOAD_TIMEOUT_S = 600.0
 SCORE_BASE_TIMEOUT_S = 120.0
 SCORE_SECONDS_PER_TOKEN = 0.05
+
+
+SCORE_CACHE = "reference-scores-v1"
+
+
+class ScoreCache:
+    """Scores already computed for one checkpoint, kept in the cache folder: an fp32 forward pass of the same weights
+    on the same ids in the same environment gives the same answer, so a later notebook, run or demo reads it instead
+    of loading the model again. Keyed by the checkpoint's files (names, sizes, mtimes), the image's Python and the
+    forward script, so a rebuilt checkpoint or image never reads another's scores."""
+
+    def __init__(self, checkpoint: Path, image: ImageEnv) -> None:
+        identity = hashlib.sha256()
+        for path in sorted(Path(checkpoint).iterdir()) if Path(checkpoint).is_dir() else []:
+            if path.is_file():
+                stat = path.stat()
+                identity.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+        identity.update(str(image.python).encode())
+        identity.update(FORWARD_SCRIPT.read_bytes())
+        self.folder = cache_dir() / SCORE_CACHE / identity.hexdigest()[:24]
+
+    @staticmethod
+    def key(prompt_ids: list[int], max_new_tokens: int, top_k: int) -> str:
+        return hashlib.sha256(json.dumps([prompt_ids, max_new_tokens, top_k]).encode()).hexdigest()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads((self.folder / f"{key}.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, entry: dict[str, Any]) -> None:
+        """Written atomically (a reader never sees half an entry); a full disk only costs the next run's time."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(entry))
+            tmp.replace(self.folder / f"{key}.json")
+        except OSError:
+            return
 
 
 class ComputedReference:
@@ -39,6 +81,7 @@ class ComputedReference:
         self._stderr: list[str] = []
         self._lock = threading.Lock()
         self._next_id = 0
+        self.scores: ScoreCache | None = None
 
     @property
     def source(self) -> str:
@@ -74,10 +117,13 @@ class ComputedReference:
         env["TRANSFORMERS_OFFLINE"] = "1"
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         # -I: the script's folder (this package) must not shadow the standard library.
-        self._proc = subprocess.Popen(
-            [str(self.image.python), "-I", str(FORWARD_SCRIPT), str(self.checkpoint)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1,
-        )
+        try:
+            self._proc = subprocess.Popen(
+                [str(self.image.python), "-I", str(FORWARD_SCRIPT), str(self.checkpoint)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, bufsize=1,
+            )
+        except OSError as exc:
+            raise ReferenceError(f"reference forward pass: cannot start {self.image.python} ({exc.strerror})") from None
         self._lines = queue.Queue()
         self._stderr = []
         threading.Thread(target=self._pump_stdout, args=(self._proc,), daemon=True).start()
@@ -122,6 +168,23 @@ class ComputedReference:
                 return dict(json.loads(line))
 
     def score(self, prompt_ids: list[int], max_new_tokens: int, top_k: int = 5) -> RefScore:
+        """The forward pass's answer, from the score cache when this checkpoint already answered these ids."""
+        if self.scores is None and (self.checkpoint / "config.json").exists():
+            self.scores = ScoreCache(self.checkpoint, self.image)
+        key = ScoreCache.key(list(prompt_ids), max_new_tokens, top_k)
+        cached = self.scores.get(key) if self.scores is not None else None
+        if cached is not None and not self.info:
+            self.info, self.started_at = dict(cached.get("info") or {}), str(cached.get("started_at") or "")
+        answer = cached["answer"] if cached is not None else self._computed(prompt_ids, max_new_tokens, top_k)
+        if cached is None and self.scores is not None:
+            self.scores.put(key, {"info": self.info, "started_at": self.started_at, "answer": answer})
+        return RefScore(
+            source=self.source,
+            prompt=[_position(p) for p in answer["prompt"]],
+            greedy=[p for p in (_position(g) for g in answer["greedy"]) if p is not None],
+        )
+
+    def _computed(self, prompt_ids: list[int], max_new_tokens: int, top_k: int) -> dict[str, Any]:
         with self._lock:
             self.start()
             assert self._proc is not None and self._proc.stdin is not None
@@ -139,11 +202,7 @@ class ComputedReference:
             answer = self._read(timeout, f"scoring {len(prompt_ids)} tokens")
         if answer.get("error"):
             raise ReferenceError(f"reference forward pass failed on {len(prompt_ids)} tokens: {answer['error']}")
-        return RefScore(
-            source=self.source,
-            prompt=[_position(p) for p in answer["prompt"]],
-            greedy=[p for p in (_position(g) for g in answer["greedy"]) if p is not None],
-        )
+        return answer
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids from the checkpoint's own tokenizer (for recording without a server)."""
