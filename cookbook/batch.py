@@ -35,7 +35,11 @@ BATCH_NOTEBOOKS = (
     "01_apply_fixes", "02_launch", "03_verify", "04_prefix_cache", "05_needles", "06_throughput", "07_engine_states",
 )
 # Checks a notebook of the set runs on its own (with its figure); the verify notebook leaves them to it in a batch.
-NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {"04_prefix_cache": ("prefix-cache",), "05_needles": ("needles",)}
+NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {
+    "04_prefix_cache": ("prefix-cache",),
+    "05_needles": ("needles",),
+    "07_engine_states": ("same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition"),
+}
 VERIFY_NOTEBOOK = "03_verify"
 CELL_TIMEOUT_S = 1800
 # papermill's own nbclient engine, each code cell's start reported to a `progress` engine argument.

@@ -146,15 +146,19 @@ def test_demo_refuses_a_used_out_folder_before_building_anything(tmp_path: Path,
 
 
 def test_verify_notebook_leaves_to_the_others_the_checks_they_run() -> None:
-    """Issue 11: verify's default is every check that applies; in a batch, 03 leaves prefix-cache to 04 and needles
-    to 05 (each runs with its own figure), so nothing runs twice; run alone, 03 keeps its default."""
+    """Issue 11: verify's default is every check that applies; in a batch, 03 leaves prefix-cache to 04, needles
+    to 05 and the engine-states group to 07 (each runs with its own figure), so nothing runs twice; run alone, 03
+    keeps its default."""
     from cookbook.checks import CHECKS
+    from cookbook.checks.engine_states import GROUP
 
     recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
     every = batch.resolve_notebooks(None)
     chosen = batch.verify_checks(recipe, every)
-    assert chosen == [n for n in CHECKS if n not in ("prefix-cache", "needles")]
-    assert "server-health" in chosen and "known-answer" in chosen
+    states = [n for n, spec in CHECKS.items() if spec.group == GROUP]
+    assert chosen == [n for n in CHECKS if n not in ("prefix-cache", "needles", *states)]
+    assert "server-health" in chosen and "known-answer" in chosen and "oracle" in chosen
+    assert list(batch.NOTEBOOK_CHECKS["07_engine_states"]) == states  # the group, whole and in order
     only_needles = batch.resolve_notebooks(["verify", "needles"])
     assert batch.verify_checks(recipe, only_needles) == [n for n in CHECKS if n != "needles"]
     assert batch.verify_checks(recipe, batch.resolve_notebooks(["verify"])) is None
