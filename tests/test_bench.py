@@ -555,3 +555,26 @@ def test_a_bench_run_records_samples_and_a_kv_trace(fake_server: Endpoint) -> No
     assert kv["samples"] == [] and kv["metric"] is None and "reads of /metrics failed" in kv["note"]
     off = bench.run_performance_table(fake_server, None, config.model_copy(update={"kv_sample_interval_s": 0}), CPU, ["single"])
     assert "kv_cache" not in off.performance[0].details
+
+
+def test_the_sweep_reads_the_levels_the_single_and_n_streams_runs_measured(fake_server: Endpoint) -> None:
+    """Level 1 of the sweep is the single stream's work, level N the N streams': the same requests, so the sweep
+    reads them instead of sending them again, and says so per row."""
+    posts: list[str] = []
+    original = _FakeServer.do_POST
+
+    def counting(handler: _FakeServer) -> None:
+        posts.append(handler.path)
+        original(handler)
+
+    _FakeServer.do_POST = counting  # type: ignore[method-assign]
+    try:
+        config = BenchConfig(output_tokens=4, streams=4, warmup=False, kv_sample_interval_s=0)
+        results = bench.run_performance_table(fake_server, None, config, CPU, ["single", "streams", "sweep"])
+    finally:
+        _FakeServer.do_POST = original  # type: ignore[method-assign]
+    rows = results.figure("sweep").details["rows"]  # type: ignore[union-attr]
+    assert [(r["streams"], r["measured_by"]) for r in rows] == [
+        (1, "single-stream"), (2, "sweep"), (4, "n-streams")]
+    assert len(posts) == 1 + 4 + 2  # single, the 4 streams, and only level 2 of the sweep
+    assert rows[0]["generated_tokens"] == results.figure("single-stream").metrics["generated_tokens"]  # type: ignore[union-attr]

@@ -147,23 +147,33 @@ def run_sweep(
     rows: list[dict[str, Any]] | None = None,
     samples: dict[str, Any] | None = None,
     span: "Callable[[str], AbstractContextManager[Any]] | None" = None,
+    measured: "dict[int, tuple[str, Any]] | None" = None,
 ) -> "pd.DataFrame":
     """Aggregate and per-stream tokens/s and latency percentiles at 1, 2, 4, ... N streams, one row per level
     (appended to `rows` as each level ends, so that a caller keeps the levels measured if a later one fails);
-    each level's per-request samples into `samples` by its stream count, each level inside `span(name)`."""
+    each level's per-request samples into `samples` by its stream count, each level inside `span(name)`.
+    `measured`: levels another workload of the same run already ran with the same work (the single stream is level
+    1, the N streams level N), by stream count as (its figure's name, its batch): those are read, not sent again,
+    and their row says so in `measured_by`."""
     config = config or BenchConfig()
     levels = config.sweep_levels or sweep_levels(_streams(config, recipe))
     rows = [] if rows is None else rows
+    measured = measured or {}
     task = Task(progress, "sweep", total=len(levels))
     for level in levels:
-        task.step(f"{level} stream(s) x {config.output_tokens} tokens")
-        with span(f"sweep@{level}") if span is not None else nullcontext():
-            batch = _short_batch(endpoint, level, config)
+        figure, batch = measured.get(level, ("", None))
+        if batch is None:
+            task.step(f"{level} stream(s) x {config.output_tokens} tokens")
+            with span(f"sweep@{level}") if span is not None else nullcontext():
+                batch = _short_batch(endpoint, level, config)
+        else:
+            task.step(f"{level} stream(s): the {figure} run of this table, not sent again")
         if samples is not None:
             samples[str(level)] = {**batch.samples(), "outliers": batch.outlier_details()}
         rows.append({**batch.metrics(), "output_tokens": config.output_tokens,
                      "client_cpu_s": round(batch.client_cpu_s, 4), "other_requests_at_start": batch.other_requests_at_start,
-                     "client_load_average": batch.load_average, "errors": "; ".join(batch.errors())})
+                     "client_load_average": batch.load_average, "errors": "; ".join(batch.errors()),
+                     "measured_by": figure or "sweep"})
     task.finish()
     return _frame(rows)
 
@@ -236,6 +246,7 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
 
     say = task.step
     streams = _streams(config, recipe)
+    measured: dict[int, tuple[str, Any]] = {}  # stream count -> (figure, batch): the sweep reads what these ran
     begin("warm-up")
     if config.warmup and any(w != "cold" for w in wanted):
         say("warm-up: one short request (not counted)")
@@ -247,12 +258,14 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
         with span("single-stream", "single-stream"):
             batch = _short_batch(endpoint, 1, config)
         results.performance.append(single_stream_figure(batch, config.output_tokens, hardware))
+        measured[1] = ("single-stream", batch)
     if "streams" in wanted:
         begin("n-streams")
         say(f"n-streams: {streams} streams x {config.output_tokens} tokens")
         with span("n-streams", "n-streams"):
             batch = _short_batch(endpoint, streams, config)
         results.performance.append(n_streams_figure(batch, config.output_tokens, hardware))
+        measured[streams] = ("n-streams", batch)
     if "cold" in wanted:
         begin("cold prompts")
         lengths = long_lengths(config, recipe, haystack.server_max_model_len(endpoint))
@@ -276,7 +289,7 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
         rows: list[dict[str, Any]] = []
         samples: dict[str, Any] = {}
         try:
-            run_sweep(endpoint, recipe, config, progress, rows, samples, lambda level: span(level, "sweep"))
+            run_sweep(endpoint, recipe, config, progress, rows, samples, lambda level: span(level, "sweep"), measured)
         finally:  # the levels measured before a failure are kept
             if rows:
                 results.performance.append(sweep_figure(_frame(rows), hardware, samples))
