@@ -115,7 +115,9 @@ def result_text(report: PrefixCacheReport) -> str:
     if salt_bad:
         tail += f"; server ignores cache_salt: a new salt hit on {salt_bad} of {salt_checked} prompts"
     elif salt_checked:
-        tail += "; the same prompt under a new `cache_salt` ran cold after every hit"
+        hitting = sum(bool(layout.longest_hit(p.prompt_tokens or p.target_tokens)) for p in prompts)
+        scope = "every hit" if salt_checked >= hitting else f"the hits of {salt_checked} of the {hitting} prompts that hit"
+        tail += f"; the same prompt under a new `cache_salt` ran cold after {scope}"
     return f"{head}; {tail}"
 
 
@@ -171,6 +173,7 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
         seed=seed_param(ctx.params),
         referee=referee,
         progress=ctx.report,
+        new_salt_on="every" if ctx.params.get("new_salt_on") == "every" else "ends",
     )
     report.defaults = derived
     text = result_text(report)

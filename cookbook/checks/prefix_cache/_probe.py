@@ -182,8 +182,10 @@ def probe_prompt(
     tol: Tolerances,
     referee: Referee | None = None,
     strict: bool = False,
+    check_salt: bool = True,
 ) -> tuple[PromptReport, dict[str, Any]]:
-    """Cold, then the same salted request until the first that should hit; returns the report and the request."""
+    """Cold, then the same salted request until the first that should hit, then (`check_salt`) the same prompt
+    under a new salt; returns the report and the request."""
     cell = f"{seed}:prefix-cache:{target_tokens}"
     haystack = build_haystack(endpoint, target_tokens, NEEDLE_DEPTH, make_needle(cell), seed=cell)
     salt = new_salt()
@@ -210,7 +212,7 @@ def probe_prompt(
                 f"request {number} reported {value} cached tokens but {HITS_METRIC} moved by only {delta:g}"
             )
     fresh: Answer | None = None
-    if layout.enabled and layout.longest_hit(prompt_tokens):
+    if check_salt and layout.enabled and layout.longest_hit(prompt_tokens):
         # The cold runs trust cache_salt; prove it: after the hits, the same prompt under a new salt must be cold.
         fresh = ask(endpoint, {**body, "cache_salt": new_salt()}, timeout)
         if fresh.cached_tokens:
@@ -290,6 +292,14 @@ def token_text(endpoint: Endpoint) -> Callable[[int], str]:
     return text
 
 
+def salt_prompts(prompt_tokens: list[int], layout: CacheLayout, on: Literal["ends", "every"] = "ends") -> set[int]:
+    """The prompts whose new-salt request proves that `cache_salt` isolates. A second cold prefill repeats the first
+    one's work, and a server that ignores the salt ignores it on any prompt that can hit: 'ends' sends it for the
+    shortest and the longest of those (the smallest and the largest cached prefix); 'every' for each."""
+    can_hit = sorted(t for t in prompt_tokens if layout.enabled and layout.longest_hit(t))
+    return set(can_hit) if on == "every" else set(can_hit[:1] + can_hit[-1:])
+
+
 def probe_prefix_cache(
     endpoint: Endpoint,
     prompt_tokens: list[int],
@@ -301,19 +311,22 @@ def probe_prefix_cache(
     seed: int | str = 0,
     referee: Referee | None = None,
     progress: Callable[[str], None] | None = None,
+    new_salt_on: Literal["ends", "every"] = "ends",
 ) -> tuple[PrefixCacheReport, list[Evidence]]:
     """Run the probe on prompts of the given lengths (in this model's tokens); evidence for each failing prompt
     (and for each departure on a near-tie, so a reader sees both runs' top-k and the reference's margin there).
-    `progress` hears of each prompt. 'close' allows `tol.hit_drift`; 'bit-identical' nothing."""
+    `progress` hears of each prompt. 'close' allows `tol.hit_drift`; 'bit-identical' nothing. `new_salt_on`: which
+    prompts also prove that a new salt runs cold (`salt_prompts`)."""
     reports: list[PromptReport] = []
     evidence: list[Evidence] = []
     allowed = tol.hit_drift.value if logprobs == "close" else 0.0
     shown = token_text(endpoint)
+    salted = salt_prompts(prompt_tokens, layout, new_salt_on)
     for number, target in enumerate(prompt_tokens, 1):
         if progress:
             progress(f"prompt {number}/{len(prompt_tokens)} ({target:,} tokens)")
         report, body = probe_prompt(endpoint, target, layout, max_tokens, timeout_s, seed, tol, referee,
-                                    strict=logprobs == "bit-identical")
+                                    strict=logprobs == "bit-identical", check_salt=target in salted)
         _judge(report, logprobs, allowed, shown)
         reports.append(report)
         if report.problems or report.ties:
