@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .completions import maybe_token_id
 from .endpoint import Endpoint
 from .errors import CookbookError, ServerDown
 
@@ -250,6 +251,11 @@ class Answer(BaseModel):
     seconds: float = Field(description="Wall time of the request, end to end (time to the whole answer)")
     usage: dict[str, Any] = Field(default_factory=dict, description="The response's usage block, as sent")
 
+    @property
+    def token_ids(self) -> list[int | None]:
+        """The generated tokens' ids when asked with `token_ids=True` ('token_id:N'); None for a token named by text."""
+        return [maybe_token_id(token) for token in self.tokens]
+
 
 def new_salt() -> str:
     """A cache_salt nobody has used: its request starts cold."""
@@ -278,13 +284,6 @@ def request_body(
         if token_ids:
             body["return_tokens_as_token_ids"] = True
     return body
-
-
-def token_id(token: str | None) -> int | None:
-    """The id in a 'token_id:N' token (return_tokens_as_token_ids), else None."""
-    if token and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
-        return int(token[9:])
-    return None
 
 
 def chat_prompt_ids(endpoint: Endpoint, messages: list[dict[str, str]]) -> list[int]:

@@ -15,12 +15,13 @@ planted needle stays the bar. Every answer's text must also be what its token id
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Literal, Protocol
 
 from pydantic import BaseModel, Field, computed_field
 
 from ..endpoint import Endpoint
-from ..errors import CookbookError
+from ..errors import CookbookError, RequestFailed
 from ..haystack import (
     Answer,
     ask,
@@ -37,7 +38,6 @@ from ..haystack import (
     seed_param,
     served_model,
     DEFAULT_DIGITS,
-    Needle,
     ServedModel,
 )
 from ..reference import RefPosition, Reference
@@ -55,6 +55,8 @@ DEFAULT_LENGTH_FRACTIONS = [0.248, 0.5, 0.93]
 ReferenceScope = Literal["misses", "every-cell"]
 MODEL_MISSES = "needles.model_misses"  # the calibration's name for the cells the model itself misses
 SAME_ANSWER = "the reference answers the same"
+NEAR_TIE = "a near-tie the dtype can flip"
+GREEDY_EXTRA = 8  # tokens the reference's own answer may run past the served one's length
 
 
 class NeedleCell(BaseModel):
@@ -80,10 +82,17 @@ class NeedleCell(BaseModel):
         False, description="The needle is missing but every answer token is the reference's own (up to near-ties)"
     )
     limit: str | None = Field(None, description="A model limit in words: the reference answers the same, or a near-tie")
-    reference_answer: str | None = Field(None, description="The reference's own greedy answer, where it was computed")
+    reference_answer: str | None = Field(
+        None, description="The reference's own greedy answer: the served one when every token is its argmax; after a "
+        "near-tie computed (a forward pass more) only with needle_reference every-cell"
+    )
     near_ties: int = Field(0, description="Answer tokens that are not the reference's argmax but within its tie margin")
+    reference_s: float | None = Field(None, description="Seconds the reference's forward passes took for this cell")
     disputed: str | None = Field(None, description="The first answer token the reference rules out, in words")
     text_mismatch: str | None = Field(None, description="Why message.content is not what the answer's tokens say")
+    logprobs_error: str | None = Field(
+        None, description="The server's error when asked for logprobs (then asked without): no tokens to judge"
+    )
 
     @property
     def id(self) -> str:
@@ -162,6 +171,9 @@ class NeedleJudge:
     def judge(self, cell: NeedleCell, answer: Answer, prompt_ids: Callable[[], list[int]]) -> None:
         """Fill in the cell's verdict fields; `prompt_ids` gives the prompt's ids as the server saw them (asked only
         when the reference judges)."""
+        if cell.logprobs_error is not None:
+            cell.judged_by = f"the planted needle: the server returned no logprobs ({cell.logprobs_error})"
+            return
         cell.text_mismatch = self.text_mismatch(answer)
         ids = [i for i in answer.token_ids if i is not None]
         cell.answer_token_ids = ids
@@ -178,12 +190,21 @@ class NeedleJudge:
             cell.judged_by = "the planted needle: found (the reference is asked only for answers without their needle)"
             return
         self.asked = True
+        started = time.monotonic()
+        try:
+            self._by_reference(cell, answer, prompt_ids)
+        finally:
+            cell.reference_s = round(time.monotonic() - started, 2)
+
+    def _by_reference(self, cell: NeedleCell, answer: Answer, prompt_ids: Callable[[], list[int]]) -> None:
+        ids = cell.answer_token_ids
         reference = self.referee.reference if self.referee is not None else None
         prompt = prompt_ids() if reference is not None else []
         path = self.referee.path(prompt, ids) if self.referee is not None and reference is not None else None
         if reference is None or path is None:
             cell.judged_by = f"the planted needle: no reference ({self.why_none})"
             return
+        ties: list[str] = []
         for index, token in enumerate(ids):
             at = path[index] if index < len(path) else None
             ranking = rank_by_reference(at, at.argmax, token, self.noise.value) if at is not None else None
@@ -199,14 +220,23 @@ class NeedleJudge:
                                  f"prefers {self.show(at.argmax)} by {bound}{ranking.margin:.3g} (tie margin "
                                  f"{self.noise.value:g}, {self.noise.source})")
                 return
-            cell.near_ties += 1
+            ties.append(f"answer token {index}, {self.show(token)} where the reference prefers {self.show(at.argmax)} "
+                        f"by {ranking.margin:.3g}")
         cell.judged_by = "the reference"
+        cell.near_ties = len(ties)
         if not cell.found:
             cell.model_limit = True
-            cell.reference_answer = answer.text if not cell.near_ties else self.greedy_answer(reference, prompt, answer)
-            needle = Needle(key=cell.needle_key, value=cell.needle_value)
-            cell.limit = (f"a near-tie away from the needle: the reference answers {cell.reference_answer!r}"
-                          if needle.found_in(cell.reference_answer) else SAME_ANSWER)
+            if not ties:  # every token the reference's argmax: the served answer is the reference's greedy answer
+                cell.reference_answer, cell.limit = answer.text, SAME_ANSWER
+                return
+            if self.scope == "every-cell":  # a forward pass more; by default the near-tie alone is said
+                cell.reference_answer = self.greedy_answer(reference, prompt, answer)
+            if cell.reference_answer == answer.text.strip():
+                cell.limit = SAME_ANSWER
+                return
+            theirs = f"; the reference answers {cell.reference_answer!r}" if cell.reference_answer is not None else ""
+            cell.limit = (f"{NEAR_TIE}: {'; '.join(ties)} (within the tie margin {self.noise.value:g}, "
+                          f"{self.noise.source}){theirs}")
 
     @property
     def why_none(self) -> str:
@@ -232,9 +262,10 @@ class NeedleJudge:
         return f"{self.endpoint.detokenize([token])!r} (token {token})"
 
     def greedy_answer(self, reference: Reference, prompt: list[int], answer: Answer) -> str | None:
-        """The reference's own greedy answer to the prompt, as long as the served one (a forward pass more)."""
+        """The reference's own greedy answer to the prompt (a forward pass more), up to its stop token or a few tokens
+        past the served answer's length (the served one may have stopped short)."""
         try:
-            greedy = reference.score(prompt, len(answer.token_ids), top_k=REFERENCE_TOP_K).greedy_ids
+            greedy = reference.score(prompt, len(answer.token_ids) + GREEDY_EXTRA, top_k=REFERENCE_TOP_K).greedy_ids
         except CookbookError:
             return None
         stop = answer.token_ids[-1] if answer.finish_reason == "stop" and answer.token_ids else None
@@ -280,7 +311,16 @@ def probe_needles(
             needle = make_needle(cell_seed, digits)
             haystack = build_haystack(endpoint, length, depth, needle, seed=cell_seed)
             body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=True, token_ids=True)
-            answer = ask(endpoint, body, request_timeout(timeout_s, haystack.prompt_tokens))
+            timeout = request_timeout(timeout_s, haystack.prompt_tokens)
+            logprobs_error = None
+            try:
+                answer = ask(endpoint, body, timeout)
+            except RequestFailed as exc:  # e.g. non-finite logprobs past the model's positions: HTTP 400
+                if exc.status_code is None:
+                    raise
+                logprobs_error = f"HTTP {exc.status_code}: {exc.body[:160]}"
+                body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=False)
+                answer = ask(endpoint, body, timeout)
             cell = NeedleCell(
                 target_tokens=length,
                 prompt_tokens=answer.prompt_tokens or haystack.prompt_tokens,
@@ -294,9 +334,10 @@ def probe_needles(
                 cached_tokens=answer.cached_tokens,
                 finish_reason=answer.finish_reason,
                 filler_after=haystack.filler_after,
+                logprobs_error=logprobs_error,
             )
             if progress and not cell.found:
-                progress(f"cell {row * len(depths) + column + 1}/{total}: no needle, asking the reference")
+                progress(f"cell {row * len(depths) + column + 1}/{total}: no needle in the answer, judging it")
             judge.judge(cell, answer, lambda: chat_prompt_ids(endpoint, haystack.messages))
             cells.append(cell)
             if not cell.passed or cell.cached_tokens:
@@ -342,7 +383,7 @@ def result_text(grid: NeedleGrid) -> str:
     limits: dict[str, int] = {}
     for c in grid.cells:
         if c.model_limit and c.passed:
-            kind = SAME_ANSWER if c.limit == SAME_ANSWER else "a near-tie away from the needle"
+            kind = SAME_ANSWER if c.limit == SAME_ANSWER else NEAR_TIE
             limits[kind] = limits.get(kind, 0) + 1
     if limits:
         said = ", ".join(f"{n} cell{'s' if n > 1 else ''} a model limit: {kind}" for kind, n in limits.items())
