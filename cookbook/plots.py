@@ -482,13 +482,14 @@ def prefix_cache_figure(check: "CheckResult | None") -> "Figure":
     return figure
 
 
-NEEDLE_MISSED, NEEDLE_FOUND, NEEDLE_NOT_RUN = 0, 1, 2  # the heatmap's cell values
-_NEEDLE_COLOURS = ("#d9534f", "#5cb85c", "#dddddd")
+NEEDLE_MISSED, NEEDLE_FOUND, NEEDLE_NOT_RUN, NEEDLE_MODEL_LIMIT = 0, 1, 2, 3  # the heatmap's cell values
+_NEEDLE_COLOURS = ("#d9534f", "#5cb85c", "#dddddd", "#f0ad4e")
 NEEDLE_TITLE = "Needle in a haystack (cold, exact match)"
 
 
 def _needle_heatmap(grid: "NeedleGrid", title: str) -> "Figure":
-    """Depth down, length across; each cell says found or missed and its time to the answer."""
+    """Depth down, length across; each cell says found, missed, or a model limit (missed where the model's reference
+    misses too: amber, not a fail) and its time to the answer."""
     from matplotlib.colors import ListedColormap
 
     from .haystack import format_tokens
@@ -500,11 +501,12 @@ def _needle_heatmap(grid: "NeedleGrid", title: str) -> "Figure":
             cell = grid.cell(length, depth)
             if cell is None:
                 continue
-            values[row][col] = NEEDLE_FOUND if cell.found else NEEDLE_MISSED
-            labels[row][col] = f"{'found' if cell.found else 'missed'}\n{cell.seconds:.1f} s"
+            state = "found" if cell.found and cell.passed else ("model limit" if cell.passed else "missed")
+            values[row][col] = {"found": NEEDLE_FOUND, "model limit": NEEDLE_MODEL_LIMIT}.get(state, NEEDLE_MISSED)
+            labels[row][col] = f"{state}\n{cell.seconds:.1f} s"
     figure = _new_figure(1.6 + 1.5 * len(grid.lengths), 1.2 + 0.9 * len(grid.depths), dpi=120)
     axes = figure.add_subplot()
-    axes.imshow(values, cmap=ListedColormap(list(_NEEDLE_COLOURS)), vmin=0, vmax=2, aspect="auto")
+    axes.imshow(values, cmap=ListedColormap(list(_NEEDLE_COLOURS)), vmin=0, vmax=3, aspect="auto")
     columns = []
     for length in grid.lengths:
         prompts = [c.prompt_tokens for c in grid.cells if c.target_tokens == length]
@@ -520,8 +522,10 @@ def _needle_heatmap(grid: "NeedleGrid", title: str) -> "Figure":
     for row in range(len(grid.depths)):
         for col in range(len(grid.lengths)):
             axes.text(col, row, labels[row][col], ha="center", va="center", fontsize=8, color="black")
-    found = sum(c.found for c in grid.cells)
-    axes.set_title(f"{title}: {found}/{len(grid.cells)}", fontsize=9)
+    found = sum(c.found and c.passed for c in grid.cells)
+    limits = sum(c.passed and not c.found for c in grid.cells)
+    extra = f" ({limits} a model limit)" if limits else ""
+    axes.set_title(f"{title}: {found}/{len(grid.cells)} found{extra}", fontsize=9)
     figure.tight_layout()
     return figure
 

@@ -77,13 +77,16 @@ def prefix_cache_frame(check: CheckResult | None) -> "pd.DataFrame":
 
 
 def needles_frame(check: CheckResult | None) -> "pd.DataFrame":
-    """The needle grid as depth x length: 'found 1.2 s' or 'MISSED 1.2 s' per cell."""
+    """The needle grid as depth x length: 'found 1.2 s', 'model limit 1.2 s' (missed where the model's reference
+    misses too) or 'MISSED 1.2 s' per cell."""
     import pandas as pd
 
     cells = (check.details.get("cells") if check else None) or []
     rows: dict[str, dict[int, str]] = {}
     for c in cells:
-        rows.setdefault(f"{c['depth']:.0%}", {})[c["prompt_tokens"]] = f"{'found' if c['found'] else 'MISSED'} {c['seconds']:.1f} s"
+        passed = c.get("passed", c["found"])
+        state = "found" if c["found"] and passed else ("model limit" if passed else "MISSED")
+        rows.setdefault(f"{c['depth']:.0%}", {})[c["prompt_tokens"]] = f"{state} {c['seconds']:.1f} s"
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "depth \\ tokens"
     return frame

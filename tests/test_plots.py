@@ -233,8 +233,21 @@ def test_the_needle_check_returns_data_and_draws_nothing(tmp_path: Path, monkeyp
         assert texts[(col, row)] == f"{'found' if c['found'] else 'missed'}\n{c['seconds']:.1f} s"
     assert [t.get_text() for t in axes.get_xticklabels()] == ["1K", "3K"]  # the prompts as the server counted them
     assert [t.get_text() for t in axes.get_yticklabels()] == ["10%", "50%", "90%"]
-    assert axes.get_title() == f"{plots.NEEDLE_TITLE}: 5/6"
+    assert axes.get_title() == f"{plots.NEEDLE_TITLE}: 5/6 found"
     assert plots.save(plots.needles_figure(check), tmp_path / "figs" / "needles.png").read_bytes()[:8] == PNG
+
+
+def test_a_miss_the_reference_makes_too_is_an_amber_model_limit_not_a_red_miss() -> None:
+    limit = cell(4000, 0.5, False, 3.0).model_copy(update={"model_limit": True, "judged_by": "the reference"})
+    grid = NeedleGrid(lengths=[2000, 4000], depths=[0.5], cells=[cell(2000, 0.5, True, 1.0), limit])
+    check = CheckResult(name="needles", label="n", status="pass", result="2/2", details=grid.model_dump())
+    axes = plots.needles_figure(check).axes[0]
+    assert list(axes.images[0].get_array()[0]) == [plots.NEEDLE_FOUND, plots.NEEDLE_MODEL_LIMIT]
+    assert [t.get_text() for t in axes.texts] == ["found\n1.0 s", "model limit\n3.0 s"]
+    assert axes.get_title() == f"{plots.NEEDLE_TITLE}: 1/2 found (1 a model limit)"
+    from cookbook import report
+
+    assert list(report.needles_frame(check).iloc[0]) == ["found 1.0 s", "model limit 3.0 s"]
 
 
 def test_a_needle_cell_that_did_not_run_and_a_grid_that_did_not() -> None:
