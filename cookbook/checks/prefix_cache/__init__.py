@@ -173,7 +173,7 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
         seed=seed_param(ctx.params),
         referee=referee,
         progress=ctx.report,
-        new_salt_on="every" if ctx.params.get("new_salt_on") == "every" else "ends",
+        new_salt_on="every" if ctx.params.get("new_salt_on") == "every" else "shortest",
     )
     report.defaults = derived
     text = result_text(report)
