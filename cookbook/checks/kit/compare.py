@@ -1,6 +1,8 @@
 """A run against its baseline, token by token, judged by the one rule (`departure`) with the model's reference."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from ...completions import Trace
@@ -43,7 +45,7 @@ def compare_traces(
     prompt: list[int] | None,
     referee: Referee | None,
     tolerances: Tolerances,
-    drift_allowed: str = "runs",
+    drift_allowed: Literal["runs", "hit"] = "runs",
     strict_logprobs: bool = False,
     baseline_name: str = "the solo run",
 ) -> RunComparison:
