@@ -265,3 +265,15 @@ def test_a_check_whose_tolerance_is_as_large_as_its_fault_is_inconclusive_not_pa
     monkeypatch.setattr(batch, "engine_layout", lambda _ctx: layout)  # no server: the check stops before any request
     with pytest.raises(CheckInconclusive, match=r"runs.max_logprob_diff is 1.35 .*as large as the fault"):
         CHECKS["batch-composition"].fn(CheckContext(ENDPOINT, noisy))
+
+
+def test_the_oracle_whose_tie_margin_is_as_large_as_a_fault_is_inconclusive() -> None:
+    from cookbook.checks import CHECKS
+    from cookbook.checks.registry import CheckInconclusive
+
+    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    noisy = recipe.model_copy(update={"calibration": Calibration(
+        when="2026-12-01T00:00:00+00:00", on="test", runs=3, margin="x1.5",
+        values={"reference.tie_margin": CalibratedValue(measured=1.5, allowed=2.25, runs_seen=3)})})
+    with pytest.raises(CheckInconclusive, match=r"reference.tie_margin is 2.25 .*as large as the fault"):
+        CHECKS["oracle"].fn(CheckContext(ENDPOINT, noisy))

@@ -38,7 +38,8 @@ from ..results import Evidence
 from .kit.departure import Ranking, rank_by_reference
 from .kit.tolerances import (REFERENCE_DEFAULTS, REFERENCE_MAX, REFERENCE_MEAN, REFERENCE_TIE, REFERENCE_TOPK,
                               reference_tolerance)
-from .registry import CheckContext, CheckFailed, CheckOutcome, CheckSkipped, check
+from .kit.tolerances import Tolerance, too_noisy
+from .registry import CheckContext, CheckFailed, CheckInconclusive, CheckOutcome, CheckSkipped, check
 
 LABEL = "Logprobs against a reference forward pass (cookbook's own check)"
 
@@ -262,6 +263,9 @@ def oracle(ctx: CheckContext) -> CheckOutcome:
     if reference is None:
         raise CheckSkipped(f"not run: {source}", [Evidence(note=f"not run: {source}; record one with `cookbook reference record`")])
     tol, tol_from = tolerance_for(ctx)
+    noisy = too_noisy(Tolerance(name=REFERENCE_TIE, value=tol.tie_margin, source=tol_from))
+    if noisy:
+        raise CheckInconclusive(noisy)
     spec = ctx.recipe.verification.oracle if ctx.recipe else None
     max_new = int(ctx.params.get("oracle_max_new_tokens") or (spec.max_new_tokens if spec else DEFAULT_MAX_NEW_TOKENS))
     top_k = spec.top_k if spec else DEFAULT_TOP_K
