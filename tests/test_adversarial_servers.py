@@ -251,15 +251,19 @@ def test_a_redirect_to_another_origin_is_not_followed(hostile, tmp_path: Path) -
 
 
 def test_bench_keeps_what_it_measured_when_the_server_dies(hostile, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    server = hostile("stream", die_after=3)  # the warm-up, the single stream and the sweep's first level, then it dies
+    # The warm-up, the single stream (also the sweep's first level, read from it) and the sweep's 2-stream level,
+    # then it dies during the 4-stream level.
+    server = hostile("stream", die_after=4)
     out, plots = tmp_path / "bench.json", tmp_path / "plots"
     code = main(["bench", "--base-url", server.url, "--model", "m", "--workloads", "single,sweep",
-                 "--output-tokens", "4", "--streams", "2", "--timeout", "5", "--json", str(out), "--plots", str(plots)])
+                 "--output-tokens", "4", "--streams", "4", "--timeout", "5", "--json", str(out), "--plots", str(plots)])
     assert code == 1
     results = read_results(out)
     assert [f.name for f in results.performance] == ["single-stream", "sweep"]
     assert results.performance[0].failed_requests == 0
-    assert [row["streams"] for row in results.performance[1].details["rows"]] == [1]  # the level measured is kept
+    rows = results.performance[1].details["rows"]
+    assert [row["streams"] for row in rows] == [1, 2]  # the levels measured are kept
+    assert [row["measured_by"] for row in rows] == ["single-stream", "sweep"]
     assert "server" in results.stopped and "sweep" in results.stopped
     assert (plots / "throughput.png").is_file() and results.artifacts["throughput"]
     err = capsys.readouterr().err.strip().splitlines()

@@ -212,7 +212,13 @@ def test_tolerances_come_from_a_parameter_the_calibration_the_recipe_else_the_dt
     plain = tolerances(gemma)
     assert (plain.runs_drift.value, plain.runs_tie.value, plain.prompt_drift.value) == (0.15, 0.15, 0.15)
     assert plain.runs_drift.source == "the cookbook's bf16 default"
-    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    calibrated_smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert calibrated_smol.calibration is not None  # recipes/.../calibration.yaml, written by `cookbook calibrate`
+    assert tolerances(calibrated_smol).runs_drift.source.startswith("calibration (")
+    # a server started with launch overrides is not the one calibrated: the recipe's own values judge it
+    small_pool = tolerances(calibrated_smol, {"launch_overrides": {"num-gpu-blocks-override": 17}})
+    assert small_pool.runs_drift.source == "the recipe's verification" and small_pool.reference.tie_margin == 0.5
+    smol = calibrated_smol.model_copy(update={"calibration": None})
     own = tolerances(smol, {"tie_margin": 0})
     assert (own.runs_drift.value, own.runs_tie.value, own.prompt_drift.value) == (0.25, 0.0, 0.5)
     assert own.runs_tie.source == "check parameter tie_margin" and own.runs_drift.source == "the recipe's verification"

@@ -276,10 +276,15 @@ def test_a_broken_golden_file_is_one_line_naming_the_file(tmp_path: Path) -> Non
 
 
 def test_tolerances_come_from_the_recipe_for_its_dtype() -> None:
-    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    calibrated = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    recipe = calibrated.model_copy(update={"calibration": None})
     tol, where = tolerance_for(CheckContext(Endpoint("http://127.0.0.1:9", "m"), recipe))
     assert isinstance(tol, OracleTolerance) and where == "the recipe's bf16 tolerances"
     assert tol.measured, "the recipe says what its tolerances were measured on"
+    tol, where = tolerance_for(CheckContext(Endpoint("http://127.0.0.1:9", "m"), calibrated))
+    assert where.startswith("calibration (3 clean runs") and where.endswith("over the recipe's bf16 tolerances")
+    assert calibrated.calibration is not None
+    assert tol.tie_margin == calibrated.calibration.values["reference.tie_margin"].allowed
 
 
 def test_the_recipe_schema_rejects_a_golden_path_outside_the_folder(tmp_path: Path) -> None:
