@@ -29,3 +29,10 @@ def test_every_command_module_is_a_subcommand() -> None:
     assert set(COMMANDS) == on_disk
     choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert set(choices) == set(COMMANDS)
+
+
+def test_no_module_of_the_checks_or_the_reference_is_over_600_lines() -> None:
+    """A probe per module over the shared kit (issue 21): a module past 600 lines is doing more than one job."""
+    long = {str(p.relative_to(PACKAGE)): n for folder in ("checks", "reference") for p in (PACKAGE / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
