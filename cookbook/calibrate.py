@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from .checks.kit.tolerances import FAULT_FLOOR, NAMES, REFERENCE_MEAN, REFERENCE_TOPK, dtype_name
 from .errors import CookbookError, LaunchError, UsageError
+from .pages import write_atomic
 from .progress import Progress
 from .recipes import CALIBRATION_FILE, CalibratedValue, Calibration, Recipe
 from .results import RunResults
@@ -189,17 +189,7 @@ def write_calibration(recipe: Recipe, calibration: Calibration) -> Path:
     path = calibration_path(recipe)
     text = calibration_yaml(calibration)
     Calibration.model_validate(yaml.safe_load(text))  # what the loader will read back
-    fd, temp = tempfile.mkstemp(prefix=f".{CALIBRATION_FILE}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)
 
 
 # -- running ----------------------------------------------------------------------------------------------------------

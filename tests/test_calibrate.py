@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-import cookbook.calibrate as cal
+import cookbook.pages as pages
 from cookbook.calibrate import (allowed_for, calibrate, calibration_from, calibration_yaml, margin_words,
                                 rounding_step, saw_failures, write_calibration)
 from cookbook.checks.kit.tolerances import FAULT_FLOOR, RUN_DRIFT, tolerances
@@ -166,7 +166,7 @@ def test_an_error_mid_write_leaves_the_old_file(recipe_copy: Path, monkeypatch: 
     def interrupted(_src: object, _dst: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cal.os, "replace", interrupted)
+    monkeypatch.setattr(pages.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_calibration(recipe, second)
     assert path.read_text() == old
