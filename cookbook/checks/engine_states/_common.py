@@ -11,9 +11,9 @@ from ...endpoint import Endpoint, kv_pool_from_metrics, metric_value
 from ...errors import CookbookError, ServerDown
 from ...haystack import server_max_model_len
 from ...results import Evidence
-from ..kit import RunComparison, Tolerances, tally
+from ..kit import Referee, RunComparison, Tolerances, tally, too_noisy
 from ..prefix_cache import server_cache_config
-from ..registry import CheckContext
+from ..registry import CheckContext, CheckInconclusive
 
 GROUP = "engine-states"
 PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
@@ -162,3 +162,13 @@ def noise_seen(comparisons: list[RunComparison]) -> dict[str, float | None]:
     return {"runs.max_logprob_diff": max(diffs) if diffs else None,
             "reference.tie_margin": max(by_reference) if by_reference else None,
             "runs.tie_margin": max(own) if own else None}
+
+
+def solo_run_referee(ctx: CheckContext, tol: Tolerances) -> Referee:
+    """The reference that judges a probe's runs against their solo runs, once the tolerances it judges by can tell a
+    fault from noise; else the probe is inconclusive, with why (the served-vs-served drift or the flip noise as large
+    as the fault)."""
+    noisy = too_noisy(tol.runs_drift, tol.flip_noise)
+    if noisy:
+        raise CheckInconclusive(noisy, details={"tolerances": tol.model_dump()})
+    return Referee(ctx)

@@ -12,10 +12,19 @@ from pydantic import BaseModel, Field
 
 from ...completions import completion_body, new_salt
 from ...results import Evidence
-from ..kit import Referee, RunComparison, compare_traces, tolerances, too_noisy
+from ..kit import RunComparison, compare_traces, tolerances
 from ..kit.client import PromptSource, in_parallel, sender, solo, timeout_for
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
-from ._common import GROUP, EngineLayout, comparison_evidence, engine_layout, equality_phrase, noise_seen, param_int
+from ._common import (
+    GROUP,
+    EngineLayout,
+    comparison_evidence,
+    engine_layout,
+    equality_phrase,
+    noise_seen,
+    param_int,
+    solo_run_referee,
+)
 
 
 class BatchRound(BaseModel):
@@ -50,10 +59,7 @@ def batch_composition(ctx: CheckContext) -> CheckOutcome:
     details: dict[str, Any] = {"layout": layout.model_dump(), "tolerances": tol.model_dump()}
     if not sizes:
         raise CheckInconclusive(f"--max-num-seqs is {layout.max_num_seqs}: the server never batches requests", details=details)
-    noisy = too_noisy(tol.runs_drift, tol.flip_noise)
-    if noisy:
-        raise CheckInconclusive(noisy, details={"tolerances": tol.model_dump()})
-    referee = Referee(ctx)
+    referee = solo_run_referee(ctx, tol)
     endpoint = ctx.endpoint
     source = PromptSource(endpoint, ctx.params.get("seed") or 0)
     count = max(sizes)

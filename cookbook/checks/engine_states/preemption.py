@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from ...completions import completion_body, new_salt
 from ...haystack import format_tokens
 from ...results import Evidence
-from ..kit import Referee, RunComparison, compare_traces, tolerances, too_noisy
+from ..kit import RunComparison, compare_traces, tolerances
 from ..kit.client import PromptSource, in_parallel, sender, solo, timeout_for
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._common import (
@@ -29,6 +29,7 @@ from ._common import (
     noise_seen,
     param_int,
     settled_delta,
+    solo_run_referee,
 )
 
 
@@ -85,10 +86,7 @@ def preemption(ctx: CheckContext) -> CheckOutcome:
     details: dict[str, Any] = {"layout": layout.model_dump(), "tolerances": tol.model_dump()}
     if isinstance(plan, str):
         raise CheckInconclusive(plan, details=details)
-    noisy = too_noisy(tol.runs_drift, tol.flip_noise)
-    if noisy:
-        raise CheckInconclusive(noisy, details={"tolerances": tol.model_dump()})
-    referee = Referee(ctx)
+    referee = solo_run_referee(ctx, tol)
     endpoint = ctx.endpoint
     source = PromptSource(endpoint, ctx.params.get("seed") or 0)
     prompts = [source.tokens(f"preemption-{i}", plan.prompt_tokens) for i in range(plan.requests)]

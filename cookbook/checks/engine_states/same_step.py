@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from ...completions import completion_body, new_salt
 from ...haystack import format_tokens
 from ...results import Evidence
-from ..kit import Referee, RunComparison, Tolerances, compare_traces, tolerances, too_noisy
+from ..kit import Referee, RunComparison, Tolerances, compare_traces, tolerances
 from ..kit.client import Gate, PromptSource, sender, solo, staggered, timeout_for
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._common import (
@@ -30,6 +30,7 @@ from ._common import (
     noise_seen,
     param_int,
     settled_delta,
+    solo_run_referee,
 )
 
 GATE_LEAD_S = 0.3  # how long the gate request runs alone before the burst is released
@@ -180,10 +181,7 @@ def same_step_prefix(ctx: CheckContext) -> CheckOutcome:
     tol = tolerances(ctx.recipe, ctx.params)
     if layout.prefix_caching is False:
         raise CheckInconclusive("the server reports prefix caching off: no request can hit a block another writes")
-    noisy = too_noisy(tol.runs_drift, tol.flip_noise)
-    if noisy:
-        raise CheckInconclusive(noisy, details={"tolerances": tol.model_dump()})
-    referee = Referee(ctx)
+    referee = solo_run_referee(ctx, tol)
     report, evidence = probe_same_step(ctx, layout, tol, referee)
     details = {"layout": layout.model_dump(), "tolerances": tol.model_dump(), **referee.details(),
                **report.model_dump()}
