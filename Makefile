@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
 
-.PHONY: demo test unit setup hooks lint notebooks-sync lab browser
+.PHONY: demo test test-fast unit setup hooks lint notebooks-sync lab browser
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
@@ -14,6 +14,9 @@ test: setup browser  ## the whole test suite, real CPU servers and a real browse
 
 unit:            ## tests that need no server
 	$(IN_ENV) python -m pytest -q -m "not integration"
+
+test-fast: setup ## development: the unit tests and those on the session's two shared servers (no server of a test's own, no browser)
+	$(IN_ENV) python -m pytest -q --tier fast
 
 setup: hooks     ## build the CPU image and the models once (later runs reuse them); install the Jupyter kernel
 	$(IN_ENV) cookbook setup

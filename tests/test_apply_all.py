@@ -36,6 +36,7 @@ from fixpack_helpers import (
     snapshot,
     standard_fixes,
 )
+from servers import Registry
 
 PROFILE = ["--profile", "toy-1.0"]
 
@@ -727,7 +728,8 @@ def test_the_cpu_server_starts_with_vllm_serve_after_the_fix_step(cpu_launch: ob
 
 
 @pytest.mark.integration
-def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path) -> None:
+@pytest.mark.own_server
+def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path, servers: Registry) -> None:
     """qwen3-vl-no-torchvision + qwen3-5-gdn-contiguous: a Qwen3.5 text model starts and answers on the CPU image."""
     import urllib.error
     import urllib.request
@@ -755,6 +757,7 @@ def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path) -> None:
                                  "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
                                  "--enforce-eager"], stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+    servers.guard.add(proc.pid)  # stopped by the session's guard even if this run dies before the finally below
     base = f"http://127.0.0.1:{port}"
 
     def call(path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -791,3 +794,4 @@ def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        servers.guard.remove(proc.pid)

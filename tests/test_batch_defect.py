@@ -4,14 +4,13 @@ PYTHONPATH) that raises each sequence's second-ranked logit by DELTA nats in any
 sequence, and leaves a step with one sequence alone. A solo request is bit-identical to the clean server's; a request
 batched with others departs from its solo run where its top two tokens were less than DELTA apart, and the fp32
 reference clearly prefers the token it lost. One server for this module (COOKBOOK_TEST_BATCHDEFECT_URL attaches to
-one started with `defect_recipe`'s settings while developing); the clean server (the session's SmolLM2) passes the
+one started with `servers.batch_defect_recipe`'s settings while developing); the clean server (the session's SmolLM2) passes the
 same probe with the same parameters."""
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,11 +20,8 @@ from cookbook.endpoint import Endpoint
 from cookbook.haystack import filler_text
 from cookbook.recipes import Recipe
 
-from own_server import own_server
+from servers import Registry, registry_server, uses_server
 
-PLUGIN_DIR = Path(__file__).resolve().parent / "defects" / "batch_logit_shift"
-PLUGIN = "cookbook_batch_logit_shift_defect"
-DELTA = "3.0"  # nats: past the reference tie margin even as calibrated (bf16 flip noise measured 0.62, allowed ~0.94)
 PARAMS: dict[str, Any] = {"batch_sizes": [2, 4]}
 # The clean server may be shared while developing: another client's request in flight batches with ours and moves its
 # logprobs (seen: two tries in a row 0.07 off, then exact). The defect server's answer is fixed; any clean one may match.
@@ -33,17 +29,12 @@ CLEAN_TRIES = 5
 CLEAN_PAUSE_S = 2.0
 
 
-def defect_recipe(cpu_recipe: Recipe) -> Recipe:
-    """The CPU recipe with the deliberate defect plugin on the server's PYTHONPATH, named in VLLM_PLUGINS."""
-    environment = {**cpu_recipe.environment, "PYTHONPATH": str(PLUGIN_DIR), "VLLM_PLUGINS": PLUGIN,
-                   "COOKBOOK_DEFECT_BATCH_LOGIT_DELTA": DELTA}
-    return cpu_recipe.model_copy(update={"environment": environment})
-
-
 @pytest.fixture(scope="module")
-def defect_server(cpu_recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    # COOKBOOK_TEST_BATCHDEFECT_URL: development only, a server already started with defect_recipe's settings.
-    yield from own_server(defect_recipe(cpu_recipe), tmp_path_factory, "COOKBOOK_TEST_BATCHDEFECT_URL")
+@uses_server("batch-defect")
+def defect_server(servers: Registry) -> Iterator[Endpoint]:
+    # COOKBOOK_TEST_BATCHDEFECT_URL: development only, a server already started with servers.batch_defect_recipe's settings.
+    for running in registry_server(servers, "batch-defect"):
+        yield running.endpoint
 
 
 def _check(endpoint: Endpoint, recipe: Recipe, name: str) -> Any:

@@ -28,7 +28,7 @@ from cookbook.endpoint import Endpoint
 from cookbook.launch import free_port
 from cookbook.results import read_results
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

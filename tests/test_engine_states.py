@@ -25,9 +25,11 @@ from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError, RecipeError
 from cookbook.faultproxy import Exchange, FaultProxy
 from cookbook.faults_states import CorruptInFlight, RepeatTail, ShiftPromptLogprobs
-from cookbook.launch import Server, free_port, launch_flags, session_pids
+from cookbook.launch import launch_flags
 from cookbook.recipes import Recipe, load_recipe
 from cookbook.results import RunResults
+
+from servers import Registry, registry_server, uses_server
 
 NAMES = ["same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition"]
 SMALL_BATCH = {"batch_sizes": [2, 4], "batch_max_tokens": 16}
@@ -221,18 +223,11 @@ def test_the_writer_of_a_salt_is_the_request_the_engine_took_first() -> None:
 
 
 @pytest.fixture(scope="module")
-def small_pool(cpu_recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
-    flags = launch_flags(cpu_recipe, "engine-states")
-    server = Server(cpu_recipe, port=free_port(), run_dir=tmp_path_factory.mktemp("small-pool"), extra_flags=flags,
-                    say=lambda _line: None)
-    server.start()
-    assert server.process is not None
-    sid = server.process.pid
-    try:
-        yield server.endpoint, flags
-    finally:
-        server.stop()
-        assert not session_pids(sid), "processes left after stopping the small-pool server"
+@uses_server("small-pool")
+def small_pool(servers: Registry, cpu_recipe: Recipe) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
+    """The registry's "small-pool" server (tests/servers.py): the recipe's `engine-states` launch profile."""
+    for running in registry_server(servers, "small-pool"):
+        yield running.endpoint, launch_flags(cpu_recipe, "engine-states")
 
 
 @pytest.mark.integration

@@ -4,11 +4,8 @@ killed mid-run while the other finishes (integration)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +14,12 @@ from cookbook.run_folder import BatchSummary
 from cookbook.endpoint import Endpoint
 from cookbook.fleet import FleetEntry, FleetSummary, _read_back, fleet_concurrency, run_command, run_fleet, write_fleet_index
 from cookbook.fleet_file import Fleet, FleetError, FleetServer, entry_labels, load_fleet
-from cookbook.launch import Server, free_port
-from cookbook.recipes import load_recipe
+from cookbook.faultproxy import FaultProxy
+from cookbook.launch import free_port
 from cookbook.results import CheckResult, Figure, Hardware, RunResults, write_results
-
-from own_server import started_server
 
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HYBRID = "cookbook/tiny-qwen3-next"
-GEMMA = "cookbook/tiny-gemma3"
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -217,25 +211,20 @@ def test_both_cpu_recipes_at_once(cpu_server: Endpoint, hybrid_server: Endpoint,
     assert "2 of 2 servers passed" in page and "known-answer" in page
 
 
-@pytest.fixture
-def doomed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A tiny Gemma 3 server of the test's own, to be killed mid-run."""
-    with started_server(load_recipe(GEMMA), tmp_path_factory.mktemp("doomed")) as server:
-        yield server
-
-
 @pytest.mark.integration
 def test_a_server_killed_mid_run_shows_as_such_and_the_other_finishes(
-    cpu_server: Endpoint, doomed_server: Server, tmp_path: Path
+    cpu_server: Endpoint, hybrid_server: Endpoint, tmp_path: Path
 ) -> None:
-    assert doomed_server.process is not None
+    """The doomed entry is the session's hybrid behind a fault proxy that dies mid-run (stops listening and drops
+    every connection, as a killed server does): a real server is not started only to be killed."""
     out = tmp_path / "fleet"
+    doomed_proxy = FaultProxy(hybrid_server.base_url).start()
     fleet = _fleet(FleetServer(recipe=SMOL, base_url=cpu_server.base_url),
-                   FleetServer(recipe=GEMMA, base_url=doomed_server.endpoint.base_url, name="doomed"))
+                   FleetServer(recipe=HYBRID, base_url=doomed_proxy.base_url, name="doomed"))
     killed = threading.Event()
 
     def kill_once_its_run_sends(line: str) -> None:
-        # The entry's run is in flight once its log says the notebook started: kill the server's whole session then.
+        # The entry's run is in flight once its log says the notebook started: the proxy dies then.
         if killed.is_set() or "doomed: started" not in line:
             return
         log = out / "logs" / "doomed.log"
@@ -243,7 +232,7 @@ def test_a_server_killed_mid_run_shows_as_such_and_the_other_finishes(
             if log.is_file() and "03_verify ..." in log.read_text():
                 break
             time.sleep(0.2)
-        os.killpg(doomed_server.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        doomed_proxy.close()
         killed.set()
 
     lines: list[str] = []
@@ -252,7 +241,10 @@ def test_a_server_killed_mid_run_shows_as_such_and_the_other_finishes(
         lines.append(line)
         threading.Thread(target=kill_once_its_run_sends, args=(line,), daemon=True).start()
 
-    summary = run_fleet(fleet, out, say=say)
+    try:
+        summary = run_fleet(fleet, out, say=say)
+    finally:
+        doomed_proxy.close()
     assert killed.is_set()
     smol, doomed = summary.entries
     assert doomed.status == "died mid-run", (doomed.why, (out / doomed.log).read_text()[-2000:])

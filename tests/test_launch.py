@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,9 @@ import pytest
 from cookbook.endpoint import Endpoint
 from cookbook.errors import LaunchError
 from cookbook.launch import Server, free_port, session_pids
-from cookbook.recipes import REPO_ROOT, load_recipe
+from cookbook.recipes import load_recipe
+
+from servers import Registry, Running
 
 pytestmark = pytest.mark.integration
 
@@ -46,63 +47,57 @@ def test_one_chat_request_gets_a_correct_answer(cpu_server: Endpoint) -> None:
     assert "paris" in reply.choices[0].message.content.lower()
 
 
-def test_bad_flag_fails_start_up_with_the_log_tail(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def failed_start(tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchError, Path, str]:
+    """One start-up that vLLM refuses (an unknown flag), with a secret in the environment and in a flag: the two tests
+    below read the same failure (one refused start, not two: each costs vLLM's import)."""
+    secret = "hf_planted_secret_value_0123456789"
+    run_dir = tmp_path_factory.mktemp("refused")
     recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
     # The launcher's own deadline: had it not seen the exit at once, it would report "did not answer /health".
-    server = Server(recipe, port=free_port(), run_dir=tmp_path, startup_timeout_s=120, extra_flags={"no-such-flag": "1"},
-                    say=lambda _l: None)
-    with pytest.raises(LaunchError) as info:
-        server.start()
-    assert "exited during start-up (exit " in str(info.value) and "(exit 0)" not in str(info.value)
-    assert "did not answer /health" not in str(info.value)
-    assert 0 < len(info.value.log_tail) <= 20
-    assert any("no-such-flag" in line for line in info.value.log_tail)
-    assert server.process is None
+    server = Server(recipe, port=free_port(), run_dir=run_dir, startup_timeout_s=120,
+                    extra_flags={"api-key": secret, "no-such-flag": "1"}, say=lambda _l: None)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_TOKEN", secret)
+        with pytest.raises(LaunchError) as info:
+            server.start()
+    return info.value, run_dir, secret
 
 
-def test_secret_in_the_environment_never_reaches_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    secret = "hf_planted_secret_value_0123456789"
-    monkeypatch.setenv("HF_TOKEN", secret)
-    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
-    server = Server(recipe, port=free_port(), run_dir=tmp_path, extra_flags={"api-key": secret, "no-such-flag": "1"}, say=lambda _l: None)
-    with pytest.raises(LaunchError) as info:
-        server.start()
-    text = (tmp_path / "server.log").read_text()
+@pytest.mark.own_server
+def test_bad_flag_fails_start_up_with_the_log_tail(failed_start: tuple[LaunchError, Path, str]) -> None:
+    error, _, _ = failed_start
+    assert "exited during start-up (exit " in str(error) and "(exit 0)" not in str(error)
+    assert "did not answer /health" not in str(error)
+    assert 0 < len(error.log_tail) <= 20
+
+
+@pytest.mark.own_server
+def test_secret_in_the_environment_never_reaches_the_log(failed_start: tuple[LaunchError, Path, str]) -> None:
+    error, run_dir, secret = failed_start
+    text = (run_dir / "server.log").read_text()
     assert "--api-key '***'" in text  # shell-quoted: the logged command is copyable and `***` would glob
     assert secret not in text
-    assert all(secret not in line for line in info.value.log_tail)
+    assert all(secret not in line for line in error.log_tail)
 
 
-def test_cookbook_serve_stops_on_sigint_without_orphans(tmp_path: Path) -> None:
+def test_cookbook_serve_stops_on_sigint_without_orphans(hybrid_launch: Running, servers: Registry) -> None:
     """The foreground command: one ready line, then SIGINT stops the whole process tree within the launcher's stop
-    deadline, by SIGTERM alone (it says when it had to SIGKILL what was left after the grace)."""
-    port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cookbook", "serve", "cookbook/tiny-qwen3-next", "--port", str(port), "--run-dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
-    )
-    assert proc.stdout is not None
-    ready_line = ""
-    seen: list[str] = []
-    for line in proc.stdout:  # ends when the command exits; the launcher bounds the start-up itself
-        seen.append(line)
-        if line.startswith("ready:"):
-            ready_line = line
-            break
-    if not ready_line:
-        proc.kill()
-        pytest.fail("no ready line; the command printed:\n" + "".join(seen[-30:]))
+    deadline, by SIGTERM alone (it says when it had to SIGKILL what was left after the grace). The command is the
+    session's hybrid server (the registry starts it with `cookbook serve`); this test, run last, is its stop."""
+    proc = hybrid_launch.cli
+    if proc is None:
+        pytest.skip("attached to an external hybrid server: its process is not ours to stop")
+    ready_line = hybrid_launch.ready_line
+    port = hybrid_launch.endpoint.base_url.rsplit(":", 1)[1]
     assert f"http://127.0.0.1:{port}/v1" in ready_line and "kv_pool=" in ready_line and "tokens" in ready_line
     server_pids = [int(p) for p in _children(proc.pid)]
     assert server_pids, "the server's processes should be visible before stopping"
     sids = {os.getsid(p) for p in server_pids}
     proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=40)[0]  # a guard against a hang: the launcher bounds the stop itself
+    proc.wait(timeout=40)  # a guard against a hang: the launcher bounds the stop itself
+    servers.forget("hybrid")
+    rest = hybrid_launch.output_after_ready()
     assert proc.returncode == 0, rest
     assert "stopped" in rest.splitlines() and "SIGKILL" not in rest, rest  # not "stopped (SIGKILL: ...)"
     for sid in sids:

@@ -16,18 +16,16 @@ from cookbook.checks import CheckContext, run_checks
 from cookbook.endpoint import Endpoint
 from cookbook.recipes import Recipe
 
-from own_server import own_server
-
-LONG_CONTEXT = 16384  # twice SmolLM2's 8,192 positions
+from servers import Registry, registry_server, uses_server
 
 
 @pytest.fixture(scope="module")
-def too_long_server(cpu_recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    recipe = cpu_recipe.model_copy(
-        update={"environment": {**cpu_recipe.environment, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}}
-    )
+@uses_server("too-long")
+def too_long_server(servers: Registry) -> Iterator[Endpoint]:
+    # The registry's "too-long" server (tests/servers.py): VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, --max-model-len 16384.
     # COOKBOOK_TEST_LONGCTX_URL: development only, a server already started with these settings.
-    yield from own_server(recipe, tmp_path_factory, "COOKBOOK_TEST_LONGCTX_URL", {"max-model-len": LONG_CONTEXT})
+    for running in registry_server(servers, "too-long"):
+        yield running.endpoint
 
 
 def _needles(endpoint: Endpoint, recipe: Recipe, lengths: list[int]) -> object:

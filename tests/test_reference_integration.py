@@ -8,7 +8,6 @@ docs/checks.md.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -19,9 +18,10 @@ from cookbook.checks import CheckContext, run_checks
 from cookbook.endpoint import Endpoint
 from cookbook.faultproxy import FaultProxy
 from cookbook.faults_oracle import ORACLE_FAULTS
-from cookbook.launch import Server, free_port, session_pids
-from cookbook.recipes import Recipe, load_recipe
+from cookbook.recipes import Recipe
 from cookbook.results import CheckResult
+
+from servers import ORACLE_DEFECT_FLAGS, Registry, registry_server, uses_server
 
 pytestmark = pytest.mark.integration
 
@@ -94,48 +94,56 @@ def test_each_oracle_fault_fails_the_check_through_the_proxy(name: str, cpu_serv
 
 # -- real engine-level defects, served for real ---------------------------------------------------------------------
 
-# name -> (extra `vllm serve` flags on the SmolLM2 recipe, a regular expression the failing evidence matches)
-DEFECTS: dict[str, tuple[dict[str, object], str]] = {
-    # The RoPE base overridden ten times smaller than the checkpoint's 100,000 (transformers 5 keeps it under
-    # rope_parameters; a flat rope_theta override is ignored by vLLM 0.32's rotary embedding).
-    "rope-theta": (
-        {"hf-overrides": json.dumps({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})},
-        r"positions off by more than",
-    ),
-    # A sliding window the model never had: every layer attends to the last 256 tokens only.
-    "sliding-window": (
-        {"hf-overrides": json.dumps({"sliding_window": 256, "layer_types": ["sliding_attention"] * 30})},
-        r"blocks prompt \(448 tokens\): \d+ of \d+ positions off by more than [\d.]+, the first at position 2[5-9]\d",
-    ),
-    # A KV cache dtype the model was not calibrated for (fp8 without scales).
-    "kv-cache-fp8": ({"kv-cache-dtype": "fp8"}, r"depart from the reference"),
+# name -> a regular expression the failing evidence matches; the flags that serve each defect on the SmolLM2 recipe
+# are the registry's (tests/servers.py ORACLE_DEFECT_FLAGS: a RoPE base ten times too small, a sliding window the
+# model never had, an fp8 KV cache without scales).
+DEFECTS: dict[str, str] = {
+    "rope-theta": r"positions off by more than",
+    "sliding-window": r"blocks prompt \(448 tokens\): \d+ of \d+ positions off by more than [\d.]+, the first at position 2[5-9]\d",
+    "kv-cache-fp8": r"depart from the reference",
 }
 
 
+def test_every_registry_defect_has_its_symptom() -> None:
+    assert set(DEFECTS) == set(ORACLE_DEFECT_FLAGS)
+
+
 @pytest.fixture(scope="module", params=sorted(DEFECTS))
-def defect_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Endpoint, float]]:
+@uses_server(lambda name: f"oracle-{name}")
+def defect_server(request: pytest.FixtureRequest, servers: Registry) -> Iterator[tuple[str, Endpoint, float]]:
     name = request.param
-    flags, _ = DEFECTS[name]
-    recipe = load_recipe(CPU_RECIPE)
-    run_dir = tmp_path_factory.mktemp(f"defect-{name}")
-    server = Server(recipe, port=free_port(), run_dir=run_dir, extra_flags=flags, say=lambda _line: None)
-    started = time.monotonic()
-    server.start()
-    startup = time.monotonic() - started
-    assert server.process is not None
-    sid = server.process.pid
-    try:
-        yield name, server.endpoint, startup
-    finally:
-        server.stop()
-        assert not session_pids(sid), f"processes left after stopping the {name} server"
+    for running in registry_server(servers, f"oracle-{name}"):
+        yield name, running.endpoint, running.startup_s
 
 
 def test_each_real_defect_fails_the_oracle_with_its_symptom(defect_server: tuple[str, Endpoint, float], cpu_recipe: Recipe) -> None:
     name, endpoint, startup = defect_server
-    _, symptom = DEFECTS[name]
+    symptom = DEFECTS[name]
     started = time.monotonic()
     result = _oracle(endpoint, cpu_recipe)
     print(f"\ndefect {name}: server start {startup:.1f} s, oracle {time.monotonic() - started:.1f} s: {result.result}")
     assert result.status == "fail", _said(result)
     assert re.search(symptom, _said(result)), _said(result)
+
+
+# -- the same real defects through task accuracy (lm-eval), on the servers above ------------------------------------
+
+# The defects whose effect reaches the accuracy task's prompts (all shorter than 64 tokens): a sliding window of 256
+# tokens never cuts one, so that server answers as the clean one does and is not asked.
+ACCURACY_DEFECTS = ("rope-theta", "kv-cache-fp8")
+
+
+def test_a_real_defect_fails_task_accuracy(defect_server: tuple[str, Endpoint, float], cpu_recipe: Recipe) -> None:
+    name, endpoint, _startup = defect_server
+    if name not in ACCURACY_DEFECTS:
+        pytest.skip(f"{name}: the accuracy task's prompts are shorter than the defect's 256-token window")
+    started = time.monotonic()
+    ctx = CheckContext(endpoint, cpu_recipe, request_timeout_s=120)
+    result = run_checks(ctx, ["task-accuracy"]).check("task-accuracy")
+    assert result is not None
+    print(f"\ndefect {name}: task-accuracy {time.monotonic() - started:.1f} s: {result.result}")
+    assert result.status == "fail", _said(result)
+    task = result.details["tasks"]["cookbook_mc"]
+    assert abs(task["served"] - task["expected"]) > task["bound"]
+    assert re.search(r"served 0\.\d+ is 0\.\d+ (below|above) the expected 0\.\d+", result.result), result.result
+    assert re.search(r"flipped items: #\d+ '.+' now (wrong|right)", _said(result)), _said(result)

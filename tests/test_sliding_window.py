@@ -12,7 +12,7 @@ from cookbook.endpoint import Endpoint
 from cookbook.haystack import served_model
 from cookbook.recipes import Recipe, load_recipe
 
-from own_server import own_server
+from servers import Registry, registry_server, uses_server
 
 RECIPE = "cookbook/tiny-gemma3"
 
@@ -29,8 +29,10 @@ def sliding_recipe() -> Recipe:
 
 
 @pytest.fixture(scope="module")
-def sliding_server(sliding_recipe: Recipe, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    yield from own_server(sliding_recipe, tmp_path_factory, "COOKBOOK_TEST_SLIDING_URL")
+@uses_server("gemma")
+def sliding_server(servers: Registry) -> Iterator[Endpoint]:
+    for running in registry_server(servers, "gemma"):
+        yield running.endpoint
 
 
 @pytest.mark.integration

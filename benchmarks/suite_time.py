@@ -1,0 +1,122 @@
+"""Where the test suite's time goes: one full run (or any pytest selection), timed per test and per server.
+
+    scripts/in-env.sh python benchmarks/suite_time.py                  # the whole suite, as `make test` runs it
+    scripts/in-env.sh python benchmarks/suite_time.py -- -m "not integration"
+    scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl   # print the table of an earlier run
+
+The run writes COOKBOOK_TEST_TIMES (tests/conftest.py: one JSON line per test phase; tests/servers.py: one per
+server, with when it was asked for, when it answered /health, when it stopped, and how long tests waited for it)
+and prints: the wall time and machine load, the split (unit, shared-server, own-server, browser, notebooks), every
+server's start-up and life, and the slowest tests."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SESSION_SERVERS = {"smol", "hybrid"}
+NOTEBOOK_MODULES = {"tests/test_notebooks.py", "tests/test_batch.py", "tests/test_fleet.py"}
+BROWSER_MODULES = {"tests/test_browser.py"}
+
+
+def category(test: dict[str, Any]) -> str:
+    module = test["test"].split("::", 1)[0]
+    if module in BROWSER_MODULES:
+        return "browser"
+    if not test["integration"]:
+        return "unit"
+    if module in NOTEBOOK_MODULES:
+        return "notebooks"
+    if set(test["servers"]) - SESSION_SERVERS:
+        return "own-server"
+    return "shared-server"
+
+
+def read(path: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    tests: dict[str, dict[str, Any]] = {}
+    servers: list[dict[str, Any]] = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if "server" in record:
+            servers.append(record)
+            continue
+        test = tests.setdefault(record["test"], {"test": record["test"], "integration": record["integration"],
+                                                 "servers": record["servers"], "total": 0.0, "outcome": "passed"})
+        test["total"] += record["duration"]
+        test[record["phase"]] = record["duration"]
+        if record["outcome"] != "passed":
+            test["outcome"] = record["outcome"]
+    return tests, servers
+
+
+def table(path: Path, wall_s: float | None = None, load: str = "") -> str:
+    tests, servers = read(path)
+    lines: list[str] = []
+    if wall_s is not None:
+        lines.append(f"wall time {wall_s / 60:.1f} min ({wall_s:.0f} s); load average before/after: {load}")
+    split: dict[str, list[float]] = defaultdict(list)
+    for test in tests.values():
+        split[category(test)].append(test["total"])
+    total = sum(sum(v) for v in split.values())
+    lines += ["", f"{'part':<14} {'tests':>6} {'time (s)':>9} {'share':>6}"]
+    for name in ("unit", "shared-server", "own-server", "browser", "notebooks"):
+        times = split.get(name, [])
+        lines.append(f"{name:<14} {len(times):>6} {sum(times):>9.0f} {sum(times) / total:>6.0%}" if total else name)
+    lines.append(f"{'all':<14} {len(tests):>6} {total:>9.0f}  (tests' own time: server start-ups in the background "
+                 "are not in it unless a test waited)")
+    if servers:
+        lines += ["", f"{'server':<22} {'start-up (s)':>12} {'life (s)':>9} {'waited (s)':>10}  how"]
+        first = min(s.get("requested", time.time()) for s in servers)
+        for s in sorted(servers, key=lambda s: s.get("requested", 0)):
+            start = s.get("ready", s.get("requested", 0)) - s.get("requested", 0) if "ready" in s else float("nan")
+            life = s["stopped"] - s["ready"] if "stopped" in s and "ready" in s else float("nan")
+            how = "ahead, in the background" if s.get("background") else "when a test asked"
+            how += f"; asked at +{s.get('requested', first) - first:.0f} s"
+            if "failed" in s:
+                how += f"; FAILED: {s['failed'][:80]}"
+            lines.append(f"{s['server']:<22} {start:>12.1f} {life:>9.0f} {s.get('waited_s', 0.0):>10.1f}  {how}")
+    slow = sorted(tests.values(), key=lambda t: -t["total"])[:20]
+    lines += ["", "slowest tests (setup + call + teardown, s):"]
+    for test in slow:
+        parts = "/".join(f"{test.get(p, 0):.0f}" for p in ("setup", "call", "teardown"))
+        lines.append(f"  {test['total']:>6.1f}  ({parts})  {test['test'][:110]}")
+    failed = [t["test"] for t in tests.values() if t["outcome"] == "failed"]
+    if failed:
+        lines += ["", f"{len(failed)} failed: " + ", ".join(failed[:10])]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--from", dest="source", type=Path, help="print the table of an earlier run's times file")
+    parser.add_argument("--times", type=Path, help="where to write this run's times (default a temporary file)")
+    parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite)")
+    args = parser.parse_args()
+    if args.source:
+        if not args.source.is_file():
+            parser.error(f"--from: {args.source}: no such file")
+        print(table(args.source))
+        return 0
+    times = args.times or Path(tempfile.mkstemp(prefix="suite-times-", suffix=".jsonl")[1])
+    times.write_text("")
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    started = time.monotonic()
+    code = subprocess.call([sys.executable, "-m", "pytest", "-q", *args.pytest_args], cwd=REPO,
+                           env={**os.environ, "COOKBOOK_TEST_TIMES": str(times)})
+    wall = time.monotonic() - started
+    load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(table(times, wall, f"{load_before} / {load_after}"))
+    print(f"\ntimes: {times}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""The test session's real vLLM servers: one registry, by recipe and flags, for every test that needs a server.
+
+Each server is declared once here (`SPECS`), started at most once per test session, ahead of the tests that need it
+(in the background while earlier tests run, at most `AHEAD` starts at a time), and stopped, with nothing of its
+process tree left behind, when the last test that needs it is done. A guard process (`_reaper.py`) holds the list of
+running server sessions and stops them if pytest dies without its teardown (a timeout's `os._exit`, a SIGKILL).
+
+Set a spec's `attach_var` (COOKBOOK_TEST_BASE_URL for SmolLM2, ...) to attach to a server already running with the
+same settings instead of starting one: handy while developing, never used by CI.
+
+COOKBOOK_TEST_TIMES=FILE appends one JSON line per server (start requested, ready, stopped, who waited) and per test
+(benchmarks/suite_time.py reads them)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cookbook.endpoint import Endpoint
+from cookbook.launch import Server, attach, free_port, launch_flags, session_pids
+from cookbook.recipes import REPO_ROOT, Recipe, load_recipe
+
+CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HYBRID_RECIPE = "cookbook/tiny-qwen3-next"
+GEMMA_RECIPE = "cookbook/tiny-gemma3"
+TESTS = Path(__file__).resolve().parent
+BATCH_DEFECT_PLUGIN = TESTS / "defects" / "batch_logit_shift"
+BATCH_DEFECT_DELTA = "3.0"  # nats: past the reference tie margin even as calibrated (bf16 flip noise 0.62, allowed ~0.94)
+LONG_CONTEXT = 16384  # twice SmolLM2's 8,192 positions
+
+PACE_TOKENS = 32
+PACE_TTL_S = 60.0  # a pace older than this is measured again
+# Seconds per token of `measure_pace` on this project's 2-vCPU machine, quiet (2026-12-02): the pace a deadline
+# written for a quiet machine assumes.
+QUIET_PACE_S_PER_TOKEN = {CPU_RECIPE: 0.02, HYBRID_RECIPE: 0.02, GEMMA_RECIPE: 0.02}
+SESSION_SERVERS = {"smol", "hybrid"}  # shared by the whole session; every other server is one module's own
+AHEAD = 1  # background starts at a time: a start is three processes importing vLLM, mostly one core each
+MAX_ALIVE = 4  # servers up at once, at most, counting the ones starting
+AHEAD_MIN_FREE_GIB = 7.0  # a start ahead waits for this much available memory (a SmolLM2 server holds ~4.7 GB with
+#                           its 2 GiB KV pool, and vLLM refuses a pool the node cannot hold); a start a test waits for
+#                           never waits for memory
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One distinct server: a recipe, its changes for this test server, and how it is started."""
+
+    name: str
+    recipe: Callable[[], Recipe]
+    flags: Callable[[Recipe], dict[str, Any]] = lambda _recipe: {}
+    attach_var: str | None = None
+    via_cli: bool = False  # started by `cookbook serve` in the foreground, as a user does (its Ctrl-C test stops it)
+    why: str = ""
+
+
+def _cpu() -> Recipe:
+    return load_recipe(CPU_RECIPE)
+
+
+def _with_env(recipe_id: str, **env: str) -> Callable[[], Recipe]:
+    def make() -> Recipe:
+        recipe = load_recipe(recipe_id)
+        return recipe.model_copy(update={"environment": {**recipe.environment, **env}})
+    return make
+
+
+def batch_defect_recipe(cpu_recipe: Recipe) -> Recipe:
+    """The CPU recipe with the deliberate defect plugin on the server's PYTHONPATH, named in VLLM_PLUGINS."""
+    environment = {**cpu_recipe.environment, "PYTHONPATH": str(BATCH_DEFECT_PLUGIN),
+                   "VLLM_PLUGINS": "cookbook_batch_logit_shift_defect", "COOKBOOK_DEFECT_BATCH_LOGIT_DELTA": BATCH_DEFECT_DELTA}
+    return cpu_recipe.model_copy(update={"environment": environment})
+
+
+# The numerics oracle's real defects (tests/test_reference_integration.py): extra flags on the SmolLM2 recipe.
+ORACLE_DEFECT_FLAGS: dict[str, dict[str, Any]] = {
+    # The RoPE base overridden ten times smaller than the checkpoint's 100,000 (transformers 5 keeps it under
+    # rope_parameters; a flat rope_theta override is ignored by vLLM 0.32's rotary embedding).
+    "rope-theta": {"hf-overrides": json.dumps({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})},
+    # A sliding window the model never had: every layer attends to the last 256 tokens only.
+    "sliding-window": {"hf-overrides": json.dumps({"sliding_window": 256, "layer_types": ["sliding_attention"] * 30})},
+    # A KV cache dtype the model was not calibrated for (fp8 without scales).
+    "kv-cache-fp8": {"kv-cache-dtype": "fp8"},
+}
+
+
+def _oracle_defect(name: str) -> Spec:
+    return Spec(f"oracle-{name}", _cpu, lambda _r, flags=ORACLE_DEFECT_FLAGS[name]: dict(flags),
+                why=f"a real engine defect for the numerics oracle: {name}")
+
+
+SPECS: dict[str, Spec] = {spec.name: spec for spec in [
+    Spec("smol", _cpu, attach_var="COOKBOOK_TEST_BASE_URL", why="the session's SmolLM2 CPU recipe"),
+    Spec("hybrid", lambda: load_recipe(HYBRID_RECIPE), attach_var="COOKBOOK_TEST_HYBRID_URL", via_cli=True,
+         why="the session's tiny Qwen3-Next hybrid, started by `cookbook serve` (tests/test_launch.py's Ctrl-C stops it)"),
+    Spec("small-pool", _cpu, lambda r: launch_flags(r, "engine-states"),
+         why="a small KV pool and small prefill chunks: preemption and chunked prefill"),
+    Spec("batch-defect", lambda: batch_defect_recipe(_cpu()), attach_var="COOKBOOK_TEST_BATCHDEFECT_URL",
+         why="a deliberate batch-only logit defect plugin"),
+    Spec("too-long", _with_env(CPU_RECIPE, VLLM_ALLOW_LONG_MAX_MODEL_LEN="1"), lambda _r: {"max-model-len": LONG_CONTEXT},
+         attach_var="COOKBOOK_TEST_LONGCTX_URL", why="a context twice the model's positions"),
+    Spec("gemma", lambda: load_recipe(GEMMA_RECIPE), attach_var="COOKBOOK_TEST_SLIDING_URL",
+         why="another model, with sliding-window layers"),
+    *[_oracle_defect(name) for name in sorted(ORACLE_DEFECT_FLAGS)],
+]}
+
+
+@dataclass
+class Running:
+    """A server of the registry as the tests see it: its endpoint, and how it was started (None when attached)."""
+
+    spec: Spec
+    endpoint: Endpoint
+    server: Server | None = None  # started through the library
+    cli: subprocess.Popen[str] | None = None  # started by `cookbook serve`
+    ready_line: str = ""
+    cli_output: list[str] = field(default_factory=list)
+    sessions: set[int] = field(default_factory=set)  # the process sessions it runs in (the guard's to stop)
+    run_dir: Path | None = None
+    _drain: threading.Thread | None = None
+    _pace: tuple[float, float] | None = None  # (when measured, seconds per token)
+
+    def output_after_ready(self) -> str:
+        """What `cookbook serve` printed after its ready line, once it has exited (its stop lines)."""
+        if self._drain is not None:
+            self._drain.join(timeout=10)
+        at = self.cli_output.index(self.ready_line) if self.ready_line in self.cli_output else len(self.cli_output)
+        return "".join(self.cli_output[at + 1:])
+
+    def slack(self) -> float:
+        """How much slower this server answers now than it did on a quiet machine (at least 1): a test's deadline
+        is its quiet figure times this, so the outcome does not depend on the machine's load."""
+        now = time.monotonic()
+        if self._pace is None or now - self._pace[0] > PACE_TTL_S:
+            self._pace = (now, measure_pace(self.endpoint))
+        quiet = QUIET_PACE_S_PER_TOKEN.get(self.spec.recipe().id, min(QUIET_PACE_S_PER_TOKEN.values()))
+        return max(1.0, self._pace[1] / quiet)
+
+    def deadline(self, quiet_s: float) -> float:
+        """`quiet_s` (a deadline that holds on a quiet machine) stretched by the server's measured slowdown."""
+        return quiet_s * self.slack()
+
+    @property
+    def startup_s(self) -> float:
+        """The launcher's own start-up time (0 when attached or started by the CLI)."""
+        return self.server.ready.startup_s if self.server is not None and self.server.ready is not None else 0.0
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.run_dir / "server.log" if self.run_dir is not None else None
+
+
+class ServerFailed(RuntimeError):
+    """A server of the registry did not start; every test that needs it errors with this."""
+
+
+class _Guard:
+    """The reaper process: told of each server session as it starts and ends; stops the rest if pytest dies."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None:
+                self._proc = subprocess.Popen([sys.executable, str(TESTS / "_reaper.py"), str(os.getpid())],
+                                              stdin=subprocess.PIPE, text=True, start_new_session=True)
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line + "\n")
+            self._proc.stdin.flush()
+
+    def add(self, sid: int) -> None:
+        self._send(f"add {sid}")
+
+    def remove(self, sid: int) -> None:
+        self._send(f"del {sid}")
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+
+class Registry:
+    """Every server of one test session, started once, ahead of use, stopped after its last user."""
+
+    def __init__(self, base_dir: Path, times: Path | None = None) -> None:
+        self.base_dir = base_dir
+        self.times = times
+        self.guard = _Guard()
+        self._lock = threading.Condition()
+        self._running: dict[str, Running] = {}
+        self._starting: dict[str, threading.Thread] = {}
+        self._failed: dict[str, BaseException] = {}
+        self._stopped: set[str] = set()
+        self._order: list[str] = []  # first use, in the order the tests run
+        self._users: dict[str, int] = {}  # tests still to run that need each server
+        self._record: dict[str, dict[str, Any]] = {}
+
+    # -- the plan ------------------------------------------------------------------------------------------------
+
+    def plan(self, needs: Iterable[list[str]]) -> None:
+        """The tests that will run, in order, each as the servers it needs: who starts first, who stops when."""
+        for names in needs:
+            for name in names:
+                if name not in self._users:
+                    self._order.append(name)
+                self._users[name] = self._users.get(name, 0) + 1
+
+    def test_done(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._users[name] = self._users.get(name, 1) - 1
+
+    def still_needed(self, name: str) -> bool:
+        return self._users.get(name, 0) > 0
+
+    def look_ahead(self) -> None:
+        """Start, in the background, the next servers the plan needs (at most AHEAD starting, MAX_ALIVE up)."""
+        with self._lock:
+            for name in self._order:
+                if len(self._starting) >= AHEAD or len(self._running) + len(self._starting) >= MAX_ALIVE:
+                    return
+                if _available_gib() < AHEAD_MIN_FREE_GIB:
+                    return
+                if name in self._running or name in self._starting or name in self._failed or name in self._stopped:
+                    continue
+                if not self.still_needed(name) or self._attached_url(SPECS[name]):
+                    continue
+                thread = threading.Thread(target=self._start_in_background, args=(name,), name=f"start-{name}",
+                                          daemon=True)
+                self._starting[name] = thread
+                self._note(name, requested=time.time(), background=True)
+                thread.start()
+
+    # -- use -----------------------------------------------------------------------------------------------------
+
+    def get(self, name: str) -> Running:
+        """The running server `name`: started now if nobody has started it, waited for if it is starting."""
+        waited_from = time.time()
+        with self._lock:
+            while True:
+                if name in self._running:
+                    break
+                if name in self._failed:
+                    raise ServerFailed(f"the {name} server did not start: {self._failed[name]}") from self._failed[name]
+                if name not in self._starting:
+                    self._starting[name] = threading.current_thread()
+                    self._note(name, requested=time.time(), background=False)
+                    self._lock.release()
+                    try:
+                        self._start(name)
+                    finally:
+                        self._lock.acquire()
+                    continue
+                self._lock.wait(timeout=1.0)
+        self._note_wait(name, time.time() - waited_from)
+        self.look_ahead()
+        return self._running[name]
+
+    def release(self, name: str) -> None:
+        """A user of `name` is done: stop it (raising AssertionError on leftovers) once no test still needs it."""
+        if not self.still_needed(name):
+            self.stop(name)
+
+    def stop(self, name: str) -> None:
+        """Stop `name` now; AssertionError when any process of it is left afterwards."""
+        with self._lock:
+            running = self._running.pop(name, None)
+            self._stopped.add(name)
+        if running is None:
+            return
+        left = self._stop_running(running)
+        self._note(name, stopped=time.time())
+        self.look_ahead()
+        assert not left, f"processes left after stopping the {name} server: {left}"
+
+    def forget(self, name: str) -> None:
+        """A test stopped `name` itself (the Ctrl-C test): the registry no longer holds it."""
+        with self._lock:
+            running = self._running.pop(name, None)
+            self._stopped.add(name)
+        if running is not None:
+            for sid in running.sessions:
+                self.guard.remove(sid)
+        self._note(name, stopped=time.time())
+        self.look_ahead()
+
+    def close(self) -> list[str]:
+        """Stop everything still up (the session's end); the problems found, one line each."""
+        problems: list[str] = []
+        for thread in list(self._starting.values()):  # only after an interruption: a start nobody will use
+            if thread is not threading.current_thread():
+                thread.join(timeout=10)  # one still going is the guard's: a session it reports later gets a new
+                #                          guard, whose stdin closes, and so stops it, when this process exits
+        for name in list(self._running):
+            try:
+                self.stop(name)
+            except AssertionError as err:
+                problems.append(str(err))
+        self.guard.close()
+        return problems
+
+    # -- starting and stopping -----------------------------------------------------------------------------------
+
+    def _attached_url(self, spec: Spec) -> str | None:
+        return os.environ.get(spec.attach_var) if spec.attach_var else None
+
+    def _start_in_background(self, name: str) -> None:
+        try:
+            self._start(name)
+        except BaseException:  # recorded by _start; the test that needs it reports it
+            pass
+
+    def _start(self, name: str) -> None:
+        spec = SPECS[name]
+        try:
+            running = self._launch(spec)
+        except BaseException as err:
+            with self._lock:
+                self._failed[name] = err
+                self._starting.pop(name, None)
+                self._lock.notify_all()
+            self._note(name, failed=f"{type(err).__name__}: {err}"[:300])
+            raise
+        with self._lock:
+            self._running[name] = running
+            self._starting.pop(name, None)
+            self._lock.notify_all()
+        self._note(name, ready=time.time())
+
+    def _launch(self, spec: Spec) -> Running:
+        recipe = spec.recipe()
+        attached = self._attached_url(spec)
+        if attached:
+            return Running(spec, attach(attached, recipe.served_model_name))
+        run_dir = self.base_dir / spec.name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if spec.via_cli:
+            return self._launch_cli(spec, recipe, run_dir)
+        server = Server(recipe, port=free_port(), run_dir=run_dir, extra_flags=spec.flags(recipe), say=lambda _line: None,
+                        on_process=self._guard_process)
+        server.start()
+        assert server.process is not None
+        return Running(spec, server.endpoint, server=server, sessions={server.process.pid}, run_dir=run_dir)
+
+    def _guard_process(self, pid: int) -> None:
+        """Told by the launcher the moment `vllm serve` runs (its own session), before the /health wait."""
+        self.guard.add(pid)
+
+    def _launch_cli(self, spec: Spec, recipe: Recipe, run_dir: Path) -> Running:
+        if spec.flags(recipe):
+            raise ValueError(f"{spec.name}: a `cookbook serve` server takes no extra flags")
+        port = free_port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cookbook", "serve", recipe.id, "--port", str(port), "--run-dir", str(run_dir)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True,
+        )
+        self.guard.add(proc.pid)
+        assert proc.stdout is not None
+        seen: list[str] = []
+        for line in proc.stdout:  # ends when the command exits; the launcher bounds the start-up itself
+            seen.append(line)
+            if line.startswith("ready:"):
+                break
+        else:
+            proc.wait()
+            self.guard.remove(proc.pid)
+            raise ServerFailed(f"`cookbook serve {recipe.id}` printed no ready line (exit {proc.returncode}):\n"
+                               + "".join(seen[-30:]))
+        sessions = {proc.pid} | {os.getsid(pid) for pid in _children(proc.pid)}
+        for sid in sessions - {proc.pid}:
+            self.guard.add(sid)
+        running = Running(spec, Endpoint(f"http://127.0.0.1:{port}", recipe.served_model_name), cli=proc,
+                          ready_line=seen[-1], cli_output=seen, sessions=sessions, run_dir=run_dir)
+        running._drain = threading.Thread(target=_drain, args=(proc, running.cli_output), daemon=True)
+        running._drain.start()
+        return running
+
+    def _stop_running(self, running: Running) -> list[int]:
+        if running.server is not None:
+            running.server.stop()
+        elif running.cli is not None:
+            running.cli.send_signal(signal.SIGINT)
+            try:
+                running.cli.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(running.cli.pid, signal.SIGKILL)
+                running.cli.wait()
+        left = sorted({pid for sid in running.sessions for pid in session_pids(sid)})
+        for sid in running.sessions:
+            self.guard.remove(sid)
+        return left
+
+    # -- the time log --------------------------------------------------------------------------------------------
+
+    def _note(self, name: str, **fields: Any) -> None:
+        with self._lock:
+            record = self._record.setdefault(name, {"server": name, "why": SPECS[name].why})
+            record.update(fields)
+            done = "stopped" in fields or "failed" in fields
+        if done:
+            self.write_time(dict(record))
+
+    def _note_wait(self, name: str, waited_s: float) -> None:
+        with self._lock:
+            record = self._record.setdefault(name, {"server": name})
+            record["waited_s"] = round(record.get("waited_s", 0.0) + waited_s, 2)
+
+    def write_time(self, record: dict[str, Any]) -> None:
+        if self.times is None:
+            return
+        with self._lock, open(self.times, "a") as out:
+            out.write(json.dumps(record) + "\n")
+
+
+def measure_pace(endpoint: Endpoint) -> float:
+    """Seconds per generated token of one short greedy request, the best of two (a loaded machine's pace)."""
+    body = {"model": endpoint.model, "prompt": "Count: one, two, three,", "max_tokens": PACE_TOKENS,
+            "temperature": 0, "ignore_eos": True}
+    best = float("inf")
+    for _ in range(2):
+        started = time.monotonic()
+        endpoint.post("/v1/completions", body, timeout_s=600)
+        best = min(best, (time.monotonic() - started) / PACE_TOKENS)
+    return best
+
+
+def _available_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _drain(proc: subprocess.Popen[str], into: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.append(line)
+
+
+def uses_server(name: str | Any) -> Any:
+    """Mark a fixture as the holder of registry server `name` (or of the one its parameter names, when callable):
+    the registry then knows, from the collected tests, which servers the run needs, in which order, until when."""
+    def mark(func: Any) -> Any:
+        func.cookbook_server = name
+        return func
+    return mark
+
+
+def registry_server(servers: Registry, name: str) -> Iterator[Running]:
+    """A registry server for a fixture: got (started or waited for), then released (stopped after its last user)."""
+    running = servers.get(name)
+    yield running
+    servers.release(name)

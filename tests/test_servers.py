@@ -1,0 +1,106 @@
+"""The test session's server registry (tests/servers.py): its plan, and its guard, which stops every server session
+a run started when the run dies without its teardown (a timeout, Ctrl-C, SIGKILL). The guard is proved on real child
+pytest runs killed each way; the process it must stop is a stand-in session (`sleep`), registered through the same
+`guard.add` the registry's servers use."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cookbook.launch import session_pids
+
+from servers import SPECS, Registry
+
+TESTS = Path(__file__).resolve().parent
+
+CHILD_CONFTEST = """
+import sys
+sys.path.insert(0, {tests!r})
+import pytest
+from servers import Registry
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    registry = Registry(tmp_path_factory.mktemp("servers"))
+    yield registry
+    registry.close()
+"""
+
+CHILD_TEST = """
+import subprocess, time
+from pathlib import Path
+
+def test_holds_a_server_session(registry):
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    registry.guard.add(proc.pid)
+    Path({pid_file!r}).write_text(str(proc.pid))
+    time.sleep(600)
+"""
+
+
+def _child_run(tmp_path: Path, *pytest_args: str) -> tuple[subprocess.Popen[bytes], int]:
+    pid_file = tmp_path / "server.pid"
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(CHILD_CONFTEST.format(tests=str(TESTS))))
+    (tmp_path / "test_child.py").write_text(textwrap.dedent(CHILD_TEST.format(pid_file=str(pid_file))))
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args,
+                              str(tmp_path / "test_child.py")], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert child.poll() is None, "the child run ended before it started its server session"
+        assert time.monotonic() < deadline, "the child run never started its server session"
+        time.sleep(0.1)
+    sid = int(pid_file.read_text())
+    assert session_pids(sid), "the stand-in server session should be running"
+    return child, sid
+
+
+def _gone_within(sid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not session_pids(sid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "sigkill"])
+def test_a_killed_run_leaves_no_server_behind(tmp_path: Path, how: str) -> None:
+    args = ("--timeout", "4", "--timeout-method", "thread") if how == "timeout" else ()
+    child, sid = _child_run(tmp_path, *args)
+    try:
+        if how == "ctrl-c":
+            os.killpg(child.pid, signal.SIGINT)
+        elif how == "sigkill":
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=120)  # the timeout kills itself (os._exit) a few seconds in
+        assert _gone_within(sid, 40), f"the server session {sid} outlived the {how} of its run"
+    finally:
+        for pid in session_pids(sid):
+            os.kill(pid, signal.SIGKILL)
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+
+
+def test_the_plan_counts_users_and_keeps_the_first_use_order(tmp_path: Path) -> None:
+    registry = Registry(tmp_path)
+    registry.plan([[], ["smol"], ["smol", "small-pool"], ["hybrid"], ["small-pool"]])
+    assert registry._order == ["smol", "small-pool", "hybrid"]
+    assert registry.still_needed("small-pool")
+    registry.test_done(["smol", "small-pool"])
+    registry.test_done(["small-pool"])
+    assert not registry.still_needed("small-pool") and registry.still_needed("smol")
+    registry.release("small-pool")  # never started: nothing to stop, no error
+    registry.close()
+
+
+def test_every_spec_names_why_it_is_a_server_of_its_own() -> None:
+    for spec in SPECS.values():
+        assert spec.why, f"{spec.name}: say why this server exists"
