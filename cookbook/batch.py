@@ -41,6 +41,11 @@ NOTEBOOK_CHECKS: dict[str, tuple[str, ...]] = {
     "07_engine_states": ("same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition"),
 }
 VERIFY_NOTEBOOK = "03_verify"
+# Checks `cookbook verify` runs that a batch's verify notebook leaves out, and why (the run's Verified table then says
+# "not run" for them; `cookbook verify --checks NAME` runs them).
+BATCH_LEAVES_OUT: dict[str, str] = {
+    "task-accuracy": "lm-eval over 200 multiple-choice items takes minutes on a CPU server",
+}
 CELL_TIMEOUT_S = 1800
 # papermill's own nbclient engine, each code cell's start reported to a `progress` engine argument.
 ENGINE = "cookbook-progress"
@@ -182,13 +187,13 @@ def _verified_note(results: RunResults, launched: bool) -> str:
 
 def verify_checks(recipe: Recipe, sources: list[Path]) -> list[str] | None:
     """The checks the verify notebook runs in a batch: every check that applies to the recipe (the CLI's default),
-    less those another notebook of the same batch runs with its own figure, so no check runs twice. None when the
-    batch runs no such notebook (the notebook's own default then holds)."""
+    less those another notebook of the same batch runs with its own figure, so no check runs twice, and those a batch
+    leaves out (`BATCH_LEAVES_OUT`). None when the batch runs no such notebook (the notebook's own default then holds)."""
     stems = {p.stem for p in sources}
     covered = {name for nb, names in NOTEBOOK_CHECKS.items() if nb in stems for name in names}
     if VERIFY_NOTEBOOK not in stems or not covered:
         return None
-    return [s.name for s in selected_checks(None, recipe) if s.name not in covered]
+    return [s.name for s in selected_checks(None, recipe) if s.name not in covered and s.name not in BATCH_LEAVES_OUT]
 
 
 def run_batch(

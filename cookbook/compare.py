@@ -29,7 +29,7 @@ def load_run(path: Path) -> RunResults:
 def better_direction(metric: str) -> Direction | None:
     """Which way is better for a metric, from its name (None: no verdict, e.g. a count)."""
     name = metric.lower()
-    if name.endswith("_per_s") or "tokens_per" in name or "throughput" in name or name.endswith("mbu"):
+    if name.endswith("_per_s") or "tokens_per" in name or "throughput" in name or "goodput" in name or name.endswith("mbu"):
         return "higher"
     if name.startswith(("seconds", "ttft", "tpot", "itl", "latency", "e2e")) or name.endswith(("_s", "_ms", "_seconds")):
         return "lower"
@@ -169,6 +169,7 @@ HEADLINE_METRICS: dict[str, tuple[str, ...]] = {
     "n-streams": ("aggregate_tokens_per_s", "per_stream_tokens_per_s", "ttft_ms_p99", "itl_ms_p99"),
     "cold-prompt-": ("seconds_to_answer_max",),
     "sweep": ("peak_aggregate_tokens_per_s",),
+    "open-loop": ("goodput_requests_per_s", "peak_request_throughput", "peak_output_tokens_per_s"),
 }
 Baseline = Literal["previous", "first"]
 Order = Literal["given", "date"]

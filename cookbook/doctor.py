@@ -1,10 +1,12 @@
 """`cookbook doctor [RECIPE]`: what a recipe needs against what this box has, one line each.
 
-Each probe returns a `Line` (ok, warn, FAIL or skip; what is needed; what is here). A FAIL means the recipe cannot
-run here as it stands, and the command exits non-zero. The image is read, never changed: its distributions, their
-commits, and the sha256 of every file the recipe's fix profile pins, compared with the profile's pristine hashes
-and its fixes' post-fix hashes (read through `cookbook.fixpack`). The Gaudi probes parse `hl-smi`; tests feed them
-recorded outputs. Secrets are never printed: an HF token is "present" or "absent".
+Each probe returns a `Line` (ok, warn, FAIL, skip, or info for a fact about the box; what is needed; what is here).
+A FAIL means the recipe cannot run here as it stands, and the command exits non-zero. The image is read, never
+changed: its distributions, their commits, where its packages are, and the sha256 of every file the recipe's fix
+profile pins, compared with the profile's pristine hashes and its fixes' post-fix hashes (read through
+`cookbook.fixpack`); a fix of the profile without a payload in the pack is a FAIL (the fix step refuses). The Gaudi
+probes parse `hl-smi`; tests feed them recorded outputs. Secrets are never printed: an HF token is "present" or
+"absent"; whether one is needed comes from the cached model card (gated or not), else it is unknown.
 """
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ from typing import Callable, Literal
 
 from .container import default_hf_cache
 from .errors import CookbookError
-from .fixpack import load_pack
+from .fixpack import FixPack, load_pack
 from .image import ImageEnv, cache_dir, cpu_image, cpu_image_dir, cpu_image_ready, system_image
 from .launch import _port_in_use
 from .recipes import Recipe
 
-State = Literal["ok", "warn", "FAIL", "skip"]
+State = Literal["ok", "warn", "FAIL", "skip", "info"]
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "all_proxy", "ALL_PROXY")
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 # A card whose used memory is above this share of its total is taken as busy (an idle Gaudi 2 shows under 1 GiB).
@@ -42,6 +44,8 @@ class Line:
     have: str
 
     def render(self) -> str:
+        if self.state == "info":  # a fact about the box: what is here, then (if any) how to look elsewhere
+            return f"info  {self.what}: {self.have}" + (f"; {self.need}" if self.need else "")
         return f"{self.state:<4}  {self.what}: need {self.need}; here {self.have}"
 
 
@@ -49,9 +53,12 @@ class Line:
 # The image: read by its own interpreter (standard library only), never changed
 
 _IMAGE_PROBE = r"""
-import hashlib, json, sys, importlib.metadata as md, importlib.util as iu
+import hashlib, json, site, sys, importlib.metadata as md, importlib.util as iu
 from pathlib import Path
 request = json.loads(sys.argv[1])
+places = [*getattr(site, "getsitepackages", lambda: [])(), getattr(site, "getusersitepackages", lambda: "")()]
+places = [p for p in dict.fromkeys(places + [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))])
+          if p and Path(p).is_dir()]
 dists = {}
 for name in request["dists"]:
     try:
@@ -77,7 +84,7 @@ for rel in request["files"]:
         continue
     path = Path(list(spec.submodule_search_locations)[0]).parent / rel
     files[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-print(json.dumps({"dists": dists, "files": files}))
+print(json.dumps({"dists": dists, "files": files, "executable": sys.executable, "site": places}))
 """
 
 
@@ -101,9 +108,33 @@ def _commit_of(found: dict) -> str | None:
     return found.get("commit") or (match.group(1) if match else None)
 
 
-def image_lines(recipe: Recipe, image: ImageEnv, reader: Callable[..., dict] = read_image) -> list[Line]:
-    """The image's pins (versions, commits) and the pinned files against the recipe's fix profile."""
-    pack = load_pack()
+ELSEWHERE = "point --image-python at the image's interpreter, or run `cookbook doctor` inside the container"
+
+
+def where_line(image: ImageEnv, found: dict) -> Line:
+    """Which interpreter and site-packages the image's packages were read from, and how to read another."""
+    places = found.get("site") or []
+    return Line("info", "image read from", f"elsewhere: {ELSEWHERE}",
+                f"{found.get('executable') or image.python}, packages in {', '.join(places) or 'no site-packages'}")
+
+
+def payload_line(recipe: Recipe, pack: FixPack | None = None) -> Line:
+    """Every fix the recipe's profile applies has its payload in the pack, or the fix step refuses (nothing written)."""
+    pack = pack or load_pack()
+    selected = pack.selection(recipe.fixes.profile, recipe.fixes.opt_in)
+    missing = [fix.id for fix in selected if not fix.has_payload]
+    need = f"a payload for each of the {len(selected)} fixes profile {recipe.fixes.profile} applies"
+    if not missing:
+        return Line("ok", "fix payloads", need, f"all {len(selected)} in {pack.root}")
+    return Line("FAIL", "fix payloads", need, f"no payload file for {len(missing)}: {', '.join(missing)} (fix.json "
+                                              "without payload.diff; the fix step refuses and writes nothing)")
+
+
+def image_lines(recipe: Recipe, image: ImageEnv, reader: Callable[..., dict] = read_image,
+                pack: FixPack | None = None) -> list[Line]:
+    """Where the image's packages were read from, its pins (versions, commits) and the pinned files against the
+    recipe's fix profile."""
+    pack = pack or load_pack()
     profile = pack.profile(recipe.fixes.profile)
     selected = pack.selection(recipe.fixes.profile, recipe.fixes.opt_in)
     fixed: dict[str, set[str]] = {}
@@ -112,13 +143,14 @@ def image_lines(recipe: Recipe, image: ImageEnv, reader: Callable[..., dict] = r
             if target.post:
                 fixed.setdefault(target.path, set()).add(target.post)
     found = reader(image, [p.dist for p in profile.pins], list(profile.files))
-    lines = []
+    lines = [where_line(image, found)]
     for pin in profile.pins:
         have = found["dists"].get(pin.dist)
         need = " ".join(x for x in (pin.version and f"=={pin.version}", pin.version_prefix and f"{pin.version_prefix}*",
                                     pin.commit and f"commit {pin.commit[:9]}") if x)
         if have is None:
-            lines.append(Line("FAIL" if pin.required else "warn", f"image {pin.dist}", need, "not installed"))
+            lines.append(Line("FAIL" if pin.required else "warn", f"image {pin.dist}", need,
+                              f"not installed in {image.python} ({ELSEWHERE})"))
             continue
         ok = (pin.version is None or have["version"] == pin.version) and (
             pin.version_prefix is None or have["version"].startswith(pin.version_prefix))
@@ -135,7 +167,7 @@ def image_lines(recipe: Recipe, image: ImageEnv, reader: Callable[..., dict] = r
     missing = sorted({rel.split("/", 1)[0] for rel, got in found["files"].items() if got == "package missing"})
     if missing:
         lines.append(Line("FAIL", "pinned files", f"{len(profile.files)} files of profile {profile.name}",
-                          f"package {', '.join(missing)} not installed in {image.python}"))
+                          f"package {', '.join(missing)} not installed in {image.python} ({ELSEWHERE})"))
         return lines
     for rel, expected in profile.files.items():
         got = found["files"].get(rel)
@@ -269,13 +301,53 @@ def weights_lines(recipe: Recipe, env: dict[str, str]) -> list[Line]:
     return lines
 
 
-def token_line(env: dict[str, str]) -> Line:
+# Model-card keys of a repository that asks for access before download (the hub's gating form).
+GATE_KEYS = ("gated", "extra_gated_prompt", "extra_gated_fields", "extra_gated_heading", "extra_gated_description",
+             "extra_gated_button_content")
+
+
+def gated_in_cache(model_id: str, env: dict[str, str]) -> tuple[bool | None, str]:
+    """Whether the model asks for access, from its model card in the HF cache (README.md's YAML header), and
+    where that was read; None when no cached card says."""
+    import yaml
+
+    snapshots = hf_hub_dir(env) / f"models--{model_id.replace('/', '--')}" / "snapshots"
+    cards = sorted(snapshots.glob("*/README.md")) if snapshots.is_dir() else []
+    for card in cards:
+        text = card.read_text(encoding="utf-8", errors="replace")
+        if not text.startswith("---"):
+            continue
+        header = text.split("---", 2)[1] if text.count("---") >= 2 else ""
+        try:
+            meta = yaml.safe_load(header)
+        except yaml.YAMLError:
+            continue
+        if isinstance(meta, dict):
+            gate = [k for k in GATE_KEYS if meta.get(k)]
+            return bool(gate), f"{card} ({gate[0]})" if gate else str(card)
+    return None, f"no model card of {model_id} under {hf_hub_dir(env)}"
+
+
+def token_line(env: dict[str, str], recipe: Recipe | None = None) -> Line:
+    """A token present or absent (never its value), against whether this recipe's model needs one."""
     token_file = default_hf_cache(env) / "token"
     names = [n for n in TOKEN_VARIABLES if env.get(n)]
-    present = names or token_file.is_file()
+    present = bool(names) or token_file.is_file()
     where = ", ".join(names) if names else (str(token_file) if token_file.is_file() else "")
-    return Line("ok" if present else "warn", "Hugging Face token", "one for gated weights (public ones need none)",
-                f"present ({where})" if present else "absent")
+    have = f"present ({where})" if present else "absent"
+    if recipe is None:
+        return Line("ok" if present else "warn", "Hugging Face token", "one for gated weights (public ones need none)", have)
+    if recipe.serve.weights is not None:
+        return Line("ok", "Hugging Face token", "none: the weights are built here (`cookbook setup`), not downloaded "
+                    "from the hub", have)
+    gated, source = gated_in_cache(recipe.model.id, env)
+    if gated is None:
+        return Line("ok" if present else "warn", "Hugging Face token",
+                    f"unknown whether {recipe.model.id} is gated ({source})", have)
+    if not gated:
+        return Line("ok", "Hugging Face token", f"none: {recipe.model.id} is not gated (model card {source})", have)
+    return Line("ok" if present else "FAIL", "Hugging Face token",
+                f"one: {recipe.model.id} is gated (model card {source}); pass it by name (HF_TOKEN)", have)
 
 
 def proxy_line(env: dict[str, str]) -> Line:
@@ -308,26 +380,96 @@ def diagnose(recipe: Recipe | None, port: int = 8000, env: dict[str, str] | None
              reader: Callable[..., dict] = read_image) -> list[Line]:
     """Every line for the recipe (or the box alone without one)."""
     env = dict(os.environ if env is None else env)
+    if recipe is None:
+        return [*box_lines(env, hl_smi, reader), token_line(env), proxy_line(env), cache_line(None)]
     lines: list[Line] = []
-    if recipe is not None:
-        if recipe.image.kind == "vllm-cpu":
-            if not cpu_image_ready(recipe.image.tag):
-                lines.append(Line("FAIL", "image", f"vllm-cpu {recipe.image.tag}", "not built (`cookbook setup`)"))
-            else:
-                lines += image_lines(recipe, image or cpu_image(recipe.image.tag), reader)
+    if recipe.image.kind == "vllm-cpu":
+        if not cpu_image_ready(recipe.image.tag):
+            lines.append(Line("FAIL", "image", f"vllm-cpu {recipe.image.tag}", "not built (`cookbook setup`)"))
         else:
-            chosen = image or system_image()
-            try:  # the profile pins the Gaudi software too (habana-torch-plugin)
-                lines += image_lines(recipe, chosen, reader)
-            except CookbookError as exc:
-                lines.append(Line("FAIL", "image", recipe.image.label.replace("`", ""), str(exc)))
-    if recipe is None or recipe.hardware.kind != "cpu":
+            lines += image_lines(recipe, image or cpu_image(recipe.image.tag), reader)
+    else:
+        chosen = image or system_image()
+        try:  # the profile pins the Gaudi software too (habana-torch-plugin)
+            lines += image_lines(recipe, chosen, reader)
+        except CookbookError as exc:
+            lines.append(Line("FAIL", "image", f"{recipe.image.label.replace('`', '')} at {chosen.python}",
+                              f"{exc} ({ELSEWHERE})"))
+    lines.append(payload_line(recipe))
+    if recipe.hardware.kind != "cpu":
         lines += gaudi_lines(recipe, hl_smi)
-    if recipe is not None:
-        lines.append(port_line(port))
-        lines += weights_lines(recipe, env)
-    lines += [token_line(env), proxy_line(env), cache_line(recipe)]
+    lines.append(port_line(port))
+    lines += weights_lines(recipe, env)
+    lines += [token_line(env, recipe), proxy_line(env), cache_line(recipe)]
     return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The box alone: what it is, not a verdict
+
+
+def _cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else "unknown CPU"
+
+
+def _memory_gib() -> tuple[float, float] | None:
+    """Total and available memory from /proc/meminfo, in GiB."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    kib = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+):\s+(\d+) kB", text, re.MULTILINE)}
+    if "MemTotal" not in kib:
+        return None
+    return kib["MemTotal"] / 2**20, kib.get("MemAvailable", 0) / 2**20
+
+
+def images_found(reader: Callable[..., dict] = read_image) -> list[str]:
+    """The serving environments on this box: the images the cookbook built in its cache, and this machine's python3
+    when it has vLLM (inside a vllm-gaudi container)."""
+    found = []
+    images = cache_dir() / "images"
+    for folder in sorted(images.iterdir()) if images.is_dir() else []:
+        if folder.is_dir() and (folder / "bin" / "python").exists():
+            state = "built" if (folder / ".complete").exists() else "incomplete"
+            found.append(f"{folder.name} ({state}, {folder / 'bin' / 'python'})")
+    system = system_image()
+    try:
+        dists = reader(system, ["vllm", "vllm-gaudi", "habana-torch-plugin"], [])["dists"]
+    except CookbookError:
+        dists = {}
+    have = [f"{name} {d['version']}" for name, d in dists.items() if d]
+    if any(name.startswith("vllm") for name, d in dists.items() if d):
+        found.append(f"{system.python}: {', '.join(have)}")
+    return found
+
+
+def box_lines(env: dict[str, str], hl_smi: Callable[[list[str]], str] | None = None,
+              reader: Callable[..., dict] = read_image) -> list[Line]:
+    """CPU, memory, Gaudi cards (hl-smi) and the serving images found: a description of the box."""
+    memory = _memory_gib()
+    lines = [Line("info", "CPU", "", f"{_cpu_name()}, {os.cpu_count() or '?'} logical cores"),
+             Line("info", "memory", "", f"{memory[0]:.1f} GiB total, {memory[1]:.1f} GiB available" if memory
+                  else "unknown (no /proc/meminfo)")]
+    cards = gaudi_lines(None, hl_smi)
+    lines += [Line("info", x.what, "", x.have) if x.state == "skip" else x for x in cards]
+    images = images_found(reader)
+    lines.append(Line("info", "images", "" if images else "`cookbook setup` builds the CPU one",
+                      "; ".join(images) if images else "none found"))
+    return lines
+
+
+def describe_box(lines: list[Line]) -> str:
+    """The box in one sentence, from its lines: CPU, memory, cards, images."""
+    by = {x.what: x.have for x in lines}
+    parts = [by.get("CPU", ""), by.get("memory", "").split(",")[0] + " memory",
+             "Gaudi: " + by.get("Gaudi cards", "unknown"), "images: " + by.get("images", "none found")]
+    return "; ".join(p for p in parts if p)
 
 
 def failed(lines: list[Line]) -> bool:

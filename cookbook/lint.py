@@ -4,8 +4,10 @@ A rule is data (`LintRule`, its schema in `cookbook.lint_rules`): an id, a sever
 from, and conditions (`when`) that all hold for a recipe that breaks it. A condition looks at one thing of the
 recipe: an environment variable, a `vllm serve` flag, whether a fix is applied, or a fact of the schema
 (`model.hybrid`, `hardware.expert_parallel`, ...). The seeds' rules are `SEED_RULES` below; a recipe adds its own
-under `lint:` in the same schema. `cookbook recipe validate` prints one line per finding and exits non-zero on an
-error.
+under `lint:` in the same schema. `cookbook recipe validate` runs these and the checks of what cannot run
+(`cookbook.validate_rules`: flags against vLLM's parser, ranges, parallelism against cards and the model, facts
+that must agree, image against profile, literal secrets) through `validate_recipe`, prints one line per finding
+and exits non-zero on an error.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ResultsError
-from .fixpack import engine, load_pack
+from .fixpack import ModelTraits, RequiredFix, engine, load_pack
 from .recipes import REPO_ROOT, Recipe, render_launch_block
 from .results import RunResults, read_results
 from .secrets import scrub_file_text
@@ -63,11 +63,34 @@ def glance_rows(recipe: Recipe) -> list[Row]:
     ]
 
 
+def model_traits(recipe: Recipe) -> ModelTraits:
+    """The facts of a recipe's model and serving that the pack's relevance rules read."""
+    flags = recipe.serve.flags
+    batched = flags.get("max-num-batched-tokens")
+    lazy = recipe.environment.get("PT_HPU_LAZY_MODE")
+    return ModelTraits(
+        architecture=recipe.model.architecture, hybrid=recipe.model.hybrid, moe=recipe.model.experts_total > 0,
+        experts_total=recipe.model.experts_total, experts_active=recipe.model.experts_active,
+        fp8=recipe.precision.dtype == "fp8", prefix_caching=recipe.prefix_caching.enabled,
+        enforce_eager=flags.get("enforce-eager") is True,
+        lazy_mode=False if recipe.hardware.kind == "cpu" else None if lazy is None else lazy.strip() != "0",
+        tensor_parallel=recipe.hardware.tensor_parallel, max_model_len=recipe.max_model_len,
+        max_num_batched_tokens=batched if isinstance(batched, int) and not isinstance(batched, bool) else None,
+        vocab_size=recipe.model.vocab_size)
+
+
+def required_fix_rows(recipe: Recipe) -> list[RequiredFix]:
+    """The recipe's fixes as its page lists them: its own per-model why when it has one (the seeds); else each fix
+    the profile applies, with the reason the pack gives for a model with this recipe's facts, or as applied by the
+    profile and not needed by this model (never another model's reason)."""
+    why = dict(recipe.fixes.why)
+    return load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, why,
+                                      None if why else model_traits(recipe))
+
+
 def fix_rows(recipe: Recipe) -> list[Row]:
-    """Required fixes: the recipe's per-model why in its order, "(opt-in)" from the fix pack's metadata; a recipe
-    that names no per-model reason lists every fix its profile applies, with the fix's own symptom."""
-    rows = load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why))
-    return [(f"`{row.id}`" + (" (opt-in)" if row.opt_in else ""), row.why) for row in rows]
+    """Required fixes: fix (with "(opt-in)" from the fix pack's metadata) and why this model needs it."""
+    return [(f"`{row.id}`" + (" (opt-in)" if row.opt_in else ""), row.why) for row in required_fix_rows(recipe)]
 
 
 def fix_proof_line(recipe: Recipe) -> str:
@@ -75,7 +98,7 @@ def fix_proof_line(recipe: Recipe) -> str:
     labels (`apply_all.py --list`), so a page never claims more than a test showed."""
     groups: dict[str, list[str]] = {}
     hooks: list[str] = []
-    for row in load_pack().required_fixes(recipe.fixes.profile, recipe.fixes.opt_in, dict(recipe.fixes.why)):
+    for row in [r for r in required_fix_rows(recipe) if r.needed is not False]:
         proof = row.fix.proof
         label = row.fix.proof_label.removesuffix(f"; {engine().base.HOOK_LABEL}")
         groups.setdefault(label, []).append(f"`{row.id}`")
@@ -222,7 +245,7 @@ def header_lines(recipe: Recipe, results: RunResults | None) -> list[str]:
     badge = (f"Verified on {where}" + (" (published results)" if results and results.source == "published" else "")
              if results else "Not verified yet")
     links = [f"**{badge}**"]
-    if recipe.serve.weights is None:
+    if recipe.serve.weights is None and not recipe.model.id.startswith(("/", "./", "$")):  # a hub id, not a path
         links.append(f"[Hugging Face](https://huggingface.co/{recipe.model.id})")
     m = recipe.model
     size = _params(m.params_total) + (f" / {_params(m.params_active)} active" if m.params_active < m.params_total else "")
@@ -238,7 +261,7 @@ def header_lines(recipe: Recipe, results: RunResults | None) -> list[str]:
         hardware = f"{hw.cards} card{'s' if hw.cards > 1 else ''} · TP {hw.tensor_parallel}" + (" · EP" if hw.expert_parallel else "")
     pins = (f"vllm-gaudi {image.tag} @ {image.commit} · vLLM @ {image.vllm_commit} · Gaudi SW {image.gaudi_sw}"
             if image.kind == "vllm-gaudi" else f"{image.kind} {image.tag}")
-    depends = len(recipe.fixes.why) or len(fix_rows(recipe))
+    depends = len(recipe.fixes.why) or sum(row.needed is True for row in required_fix_rows(recipe))
     card = [" · ".join(links), " · ".join(badges), "**Hardware**", hardware, "**Image**", pins]
     if recipe.variant:
         card += ["**Variant**", recipe.variant]

@@ -285,6 +285,48 @@ def throughput_latency_figure(frame: "pd.DataFrame", title: str = "") -> "Figure
     return figure
 
 
+def open_loop_curve_figure(frame: "pd.DataFrame", title: str = "") -> "Figure":
+    """The open loop against offered load: TTFT and TPOT (p50 solid, p99 dashed) on the left; achieved rate,
+    request throughput and goodput on the right against the offered rate, with the line where achieved = offered.
+    Where the achieved rate leaves that line the server has saturated; where goodput leaves it, the objectives fail."""
+    figure = _new_figure(10.0, 4.4)
+    latency, rate = figure.subplots(1, 2)
+    offered = [float(x) for x in frame["offered_rate"]]
+    twin = latency.twinx()
+    for axes, metric, label, colour in ((latency, "ttft_ms", "TTFT", "#6a1b9a"), (twin, "tpot_ms", "TPOT", "#2e7d32")):
+        for stat, style in (("p50", "o-"), ("p99", "s--")):
+            column = f"{metric}_{stat}"
+            if column in frame:
+                axes.plot(offered, list(frame[column]), style, color=colour, alpha=1.0 if stat == "p50" else 0.6,
+                          label=f"{label} {stat}")
+    latency.set_xlabel("offered requests/s")
+    latency.set_ylabel("time to first token, ms", color="#6a1b9a")
+    twin.set_ylabel("time per output token, ms", color="#2e7d32")
+    latency.set_ylim(bottom=0)
+    twin.set_ylim(bottom=0)
+    handles = latency.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    latency.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="upper left")
+    latency.grid(True, alpha=0.3)
+    top = max(offered) * 1.1
+    rate.plot([0, top], [0, top], ":", color="#9e9e9e", label="achieved = offered")
+    for column, label, style, colour in (("achieved_rate", "achieved (completions/s)", "o-", "#1565c0"),
+                                         ("request_throughput", "throughput (vllm bench's)", "^-", "#6a8caf"),
+                                         ("request_goodput", "goodput", "s-", "#c62828")):
+        values = list(frame[column]) if column in frame else []
+        if any(v is not None and v == v for v in values):
+            rate.plot(offered, values, style, color=colour, label=label)
+    rate.set_xlabel("offered requests/s")
+    rate.set_ylabel("requests/s")
+    rate.set_xlim(0, top)
+    rate.set_ylim(bottom=0)
+    rate.grid(True, alpha=0.3)
+    rate.legend(fontsize=7, loc="upper left")
+    figure.suptitle(title or "Latency and goodput against offered load", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
 def ttft_prompt_length_figure(results: "RunResults", title: str = "") -> "Figure":
     """TTFT of each cold prompt against its length (every needle depth a point), the cold warm-up (the first
     prefill, which may compile) marked apart, and a line through the origin at the measured prefill rate."""
@@ -393,8 +435,9 @@ def plot_sweep(frame: "pd.DataFrame", out_dir: Path, title: str = "") -> dict[st
 def bench_figures(results: "RunResults") -> dict[str, "Callable[[], Figure]"]:
     """The per-request and over-the-run figures a bench run has data for, by the names the reports know (each a
     builder, so that a caller draws only what it saves): latency_distribution (per-request samples),
-    throughput_latency (a sweep), ttft_prompt_length (cold prompts), kv_cache (a KV trace, or why there is none)."""
-    from .bench import sweep_frame
+    throughput_latency (a sweep), open_loop (the rate workload), ttft_prompt_length (cold prompts), kv_cache (a KV
+    trace, or why there is none)."""
+    from .bench import open_loop_frame, sweep_frame
 
     builders: dict[str, Callable[[], Figure]] = {}
     title = f"{results.model} on {results.hardware.description}"
@@ -403,6 +446,9 @@ def bench_figures(results: "RunResults") -> dict[str, "Callable[[], Figure]"]:
     frame = sweep_frame(results)
     if not frame.empty:
         builders["throughput_latency"] = lambda: throughput_latency_figure(frame, f"Throughput against latency: {title}")
+    open_loop = open_loop_frame(results)
+    if not open_loop.empty:
+        builders["open_loop"] = lambda: open_loop_curve_figure(open_loop, f"Latency and goodput against offered load: {title}")
     if any(f.name.startswith("cold-prompt-") for f in results.performance):
         builders["ttft_prompt_length"] = lambda: ttft_prompt_length_figure(results)
     if any(f.details.get("kv_cache") for f in results.performance):

@@ -61,6 +61,8 @@ class ModelFacts(_Strict):
     experts_total: int = Field(0, ge=0, le=100_000, description="Routed experts per MoE layer; 0 for dense models")
     experts_active: int = Field(0, ge=0, le=100_000, description="Routed experts per token")
     hybrid: bool = Field(False, description="Gated DeltaNet / Mamba layers beside attention (hybrid KV cache)")
+    vocab_size: int | None = Field(None, gt=0, le=10_000_000, description="config.json vocab_size; the fix pack's "
+                                   "relevance rules read it (prompt-logprobs' chunk size); None: not stated")
     tags: list[str] = Field(default_factory=list, description="Badges such as moe, text")
 
     @field_validator("id")
@@ -248,6 +250,52 @@ class OracleExpectation(_Strict):
         return value
 
 
+class RecordedScore(_Strict):
+    """An expected task score measured elsewhere: a Gaudi recipe's golden score, or a published one."""
+
+    acc: float = Field(ge=0, le=1, allow_inf_nan=False, description="Accuracy, 0 to 1, over the same samples")
+    stderr: float = Field(gt=0, le=1, allow_inf_nan=False, description="lm-eval's standard error of it (acc_stderr)")
+    samples: int = Field(gt=0, description="Samples it was measured on (equal to the check's `samples`)")
+    source: str = Field(
+        min_length=1, description="By whom, where, on what (hardware, image, lm-eval version) and when, or the publication"
+    )
+
+
+class AccuracyExpectation(_Strict):
+    """Task accuracy through lm-eval (check `task-accuracy`): the served score against the expected one, within z of
+    lm-eval's standard errors of the expected score."""
+
+    tasks: list[str] = Field(
+        min_length=1,
+        description="lm-eval task names: cookbook_* are the cookbook's own offline tasks (cookbook.accuracy.tasks, "
+        "generated from `seed`), anything else a task lm-eval knows (arc_easy, ...; needs the hub)",
+    )
+    samples: int = Field(gt=0, le=100_000, description="Samples per task (lm-eval --limit); own tasks are this long")
+    seed: int = Field(0, ge=0, description="Seed the own tasks are generated from, and lm-eval's --seed")
+    expected: Literal["computed", "recorded"] = Field(
+        "computed",
+        description="computed: lm-eval's hf backend on the same local checkpoint, here (CPU, fp32, in the image's "
+        "environment, cached); recorded: the scores in `recorded`",
+    )
+    recorded: dict[str, RecordedScore] = Field(
+        default_factory=dict, description="task -> expected score with its source, when `expected` is recorded"
+    )
+    z: float = Field(3.0, gt=0, le=10, allow_inf_nan=False,
+                     description="Standard errors (lm-eval's, of the expected score) the served score may sit from it")
+    measured: str = Field("", description="The clean and defect scores the bound was checked against: where, when")
+
+    @model_validator(mode="after")
+    def _recorded_for_every_task(self) -> "AccuracyExpectation":
+        if self.expected == "recorded":
+            missing = [t for t in self.tasks if t not in self.recorded]
+            if missing:
+                raise ValueError(f"expected is recorded, but recorded has no score for {missing[0]!r}")
+            wrong = [t for t in self.tasks if self.recorded[t].samples != self.samples]
+            if wrong:
+                raise ValueError(f"recorded.{wrong[0]}.samples is {self.recorded[wrong[0]].samples}, samples is {self.samples}")
+        return self
+
+
 class CalibratedValue(_Strict):
     """One tolerance as calibration set it: the largest value clean runs showed, and what is allowed above it."""
 
@@ -293,6 +341,9 @@ class Verification(_Strict):
         "e.g. a small KV pool that makes the engine preempt",
     )
     oracle: OracleExpectation | None = Field(None, description="The numerics oracle's tolerances and golden file")
+    accuracy: AccuracyExpectation | None = Field(
+        None, description="Task accuracy through lm-eval against the expected score (check group accuracy)"
+    )
 
 
 class Recipe(_Strict):
@@ -403,24 +454,110 @@ def _format_location(loc: tuple[Any, ...]) -> str:
 
 def first_error(path: Path, exc: ValidationError) -> RecipeError:
     """A pydantic validation error as one line naming the file, the field and what was expected (recipes, fleets)."""
-    err = exc.errors()[0]
+    return RecipeError(_error_line(path, exc.errors()[0]))
+
+
+def _error_line(path: Path, err: Any) -> str:
     where = _format_location(tuple(err["loc"]))
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         message = "required field is missing"
     elif err["type"] == "extra_forbidden":
         message = "unknown field (check its spelling against the schema)"
-    return RecipeError(f"{path}: {where}: {message}")
+    return f"{path}: {where}: {message}"
+
+
+def all_errors(path: Path, exc: ValidationError, data: Any) -> list[str]:
+    """Every pydantic error as one line each; the failed branches of one union value (a flag that is neither a
+    number, a string, a boolean nor a list) count as one error of that field."""
+    lines, seen = [], set()
+    for err in exc.errors():
+        field = _field_in(data, tuple(err["loc"]), keep_last=err["type"] in ("missing", "extra_forbidden"))
+        if field in seen:
+            continue
+        seen.add(field)
+        lines.append(_error_line(path, {**err, "loc": field}))
+    return lines
+
+
+def _field_in(data: Any, loc: tuple[Any, ...], keep_last: bool) -> tuple[Any, ...]:
+    """The part of an error's location that names the input (dropping union-branch tags such as `int`)."""
+    node, kept = data, []
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif keep_last and i == len(loc) - 1:
+            pass
+        else:
+            break
+        kept.append(part)
+    return tuple(kept)
+
+
+class RecipeInvalid(RecipeError):
+    """A recipe with one or more problems, each a line naming the file and the field; `recipe`, when the schema
+    held (only duplicate keys were found), is what PyYAML would have loaded, so the validator can check it too."""
+
+    def __init__(self, path: Path, problems: list[str], recipe: "Recipe | None" = None) -> None:
+        more = f" (and {len(problems) - 1} more: `cookbook recipe validate` lists them)" if len(problems) > 1 else ""
+        super().__init__(problems[0] + more)
+        self.path = path
+        self.problems = problems
+        self.recipe = recipe
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, recording every mapping key given twice (PyYAML itself silently keeps the last)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[tuple[str, int, int]] = []  # key, line, line of the first
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    first_lines: dict[Any, int] = {}
+    for key_node, _value in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the schema refuses an unhashable key; PyYAML raises its own error for it
+        line = key_node.start_mark.line + 1
+        if key in first_lines:
+            loader.duplicates.append((str(key), line, first_lines[key]))
+        else:
+            first_lines[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def _parse_recipe_yaml(path: Path, text: str) -> tuple[Any, list[str]]:
+    """The YAML document and one problem line per duplicate key (naming the key and both lines)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        data = loader.get_single_data()
+    finally:
+        loader.dispose()
+    problems = [f"{path}: line {line}: duplicate key {key!r} (first at line {first}; YAML would keep only the last)"
+                for key, line, first in loader.duplicates]
+    return data, problems
 
 
 def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
-    """Load and validate one recipe file; errors name the file, the field and what was expected."""
+    """Load and validate one recipe file; errors name the file, the field and what was expected. Every duplicate key
+    and every schema error is collected before it raises (`RecipeInvalid.problems`), so one run shows them all."""
     path = Path(path)
     if path.is_dir():
         path = path / RECIPE_FILE
     text = _read_recipe_text(path)
     try:
-        data = yaml.safe_load(text)
+        data, problems = _parse_recipe_yaml(path, text)
     except RecursionError:
         raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     except yaml.YAMLError as exc:
@@ -432,7 +569,8 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
         raise RecipeError(f"{path}: (top level): expected a mapping of recipe fields")
     for key in ("id", "path", "calibration"):
         if key in data:
-            raise RecipeError(f"{path}: {key}: set by the loader from the file's location; remove it")
+            problems.append(f"{path}: {key}: set by the loader from the file's location; remove it")
+    data = {k: v for k, v in data.items() if k not in ("id", "path", "calibration")}
     data["id"] = recipe_id or _id_from_path(path)
     data["path"] = path
     calibration = read_calibration(path.parent / CALIBRATION_FILE)
@@ -441,10 +579,12 @@ def load_recipe_file(path: Path, recipe_id: str | None = None) -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise first_error(path, exc) from None
+        raise RecipeInvalid(path, problems + all_errors(path, exc, data)) from None
     except RecursionError:
         raise RecipeError(f"{path}: (top level): nested too deeply to be a recipe") from None
     _check_against_fix_pack(recipe)
+    if problems:
+        raise RecipeInvalid(path, problems, recipe)
     return recipe
 
 

@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # pandas is imported only where a table is built
 _CODE_SPAN = re.compile(r"`([^`]+)`")
 _REMOTE_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>\s*')
 # Figures the index shows first, in this order; any other figure follows.
-LEAD_FIGURES = ("throughput", "latency", "throughput_latency", "latency_distribution", "ttft_prompt_length", "kv_cache",
-                "roofline", "needles", "prefix_cache")
+LEAD_FIGURES = ("throughput", "latency", "throughput_latency", "open_loop", "latency_distribution", "ttft_prompt_length",
+                "kv_cache", "roofline", "needles", "prefix_cache")
 
 
 # ---------------------------------------------------------------------------------------------------------------

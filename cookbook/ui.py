@@ -2,7 +2,8 @@
 
 Imported only by the notebooks, and only when `INTERACTIVE` is true: the rest of the library never imports
 ipywidgets. A panel runs the very library calls the headless cells run, for the recipe and server picked, and
-shows its table and figure below the buttons; the headless cells never wait for a click.
+shows its table and figure below the buttons; the headless cells never wait for a click, and with a panel shown
+they do not run at all (`stop_run_all`: Run All ends at the panel's cell).
 """
 from __future__ import annotations
 
@@ -19,6 +20,23 @@ from .progress import Event, Progress, Task
 from .recipes import list_recipes, load_recipe
 from .results import RunResults
 from .session import FixState, Session, facts_frame, fix_state, open_session, required_fixes_frame, server_facts
+
+STOP_MESSAGE = ("Run All stops here: INTERACTIVE = True, so the panel above runs the notebook (pick a recipe and "
+                "server, press its button); set INTERACTIVE = False to run the cells below headless.")
+
+
+class RunAllStopsHere(Exception):
+    """Raised by the panel cell in JupyterLab: Run All stops at a cell that raises, so the headless cells below it
+    (the whole suite, again) do not run behind the panel. IPython shows `_render_traceback_` instead of a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [STOP_MESSAGE]
+
+
+def stop_run_all() -> None:
+    """End Run All at the panel's cell (the panel keeps working: its button runs on the kernel's comm messages)."""
+    raise RunAllStopsHere(STOP_MESSAGE)
+
 
 def recipe_picker(value: str) -> widgets.Dropdown:
     """Every recipe in the checkout, the current one selected."""

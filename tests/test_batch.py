@@ -156,10 +156,11 @@ def test_verify_notebook_leaves_to_the_others_the_checks_they_run() -> None:
     every = batch.resolve_notebooks(None)
     chosen = batch.verify_checks(recipe, every)
     states = [n for n, spec in CHECKS.items() if spec.group == GROUP]
-    assert chosen == [n for n in CHECKS if n not in ("prefix-cache", "needles", *states)]
+    assert chosen == [n for n in CHECKS if n not in ("prefix-cache", "needles", *states, *batch.BATCH_LEAVES_OUT)]
+    assert "task-accuracy" not in chosen and set(batch.BATCH_LEAVES_OUT) <= set(CHECKS)
     assert "server-health" in chosen and "known-answer" in chosen and "oracle" in chosen
     assert list(batch.NOTEBOOK_CHECKS["07_engine_states"]) == states  # the group, whole and in order
     only_needles = batch.resolve_notebooks(["verify", "needles"])
-    assert batch.verify_checks(recipe, only_needles) == [n for n in CHECKS if n != "needles"]
+    assert batch.verify_checks(recipe, only_needles) == [n for n in CHECKS if n not in ("needles", *batch.BATCH_LEAVES_OUT)]
     assert batch.verify_checks(recipe, batch.resolve_notebooks(["verify"])) is None
     assert batch.verify_checks(recipe, batch.resolve_notebooks(["needles"])) is None

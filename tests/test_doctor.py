@@ -4,6 +4,7 @@ no secret ever printed."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -77,7 +78,7 @@ def test_image_lines_against_the_profile() -> None:
         return {"dists": {d: versions.get(d) for d in dists}, "files": {f: profile.files[f] for f in files}}
 
     lines = doctor.image_lines(recipe, ImageEnv(Path("/usr/bin/python3"), Path("/usr/bin")), reader)
-    assert [x.state for x in lines] == ["ok"] * 4
+    assert [x.state for x in lines] == ["info"] + ["ok"] * 4  # where it read them, then the pins and the files
     assert "commit 568afb3a1" in line(lines, "image vllm").have
 
     def drifted(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
@@ -100,6 +101,7 @@ def test_the_image_probe_reads_a_real_tree(tmp_path: Path) -> None:
     image = ImageEnv(python=Path(sys.executable), bin_dir=Path(sys.executable).parent,
                      extra_env={"PYTHONPATH": str(tmp_path / "site")})
     found = doctor.read_image(image, ["pip", "no-such-dist"], ["demo_pkg/mod.py", "demo_pkg/gone.py", "nopkg/x.py"])
+    assert found["executable"] and any(p.endswith(("site-packages", "dist-packages")) for p in found["site"]), found
     assert found["files"] == {"demo_pkg/mod.py": hashlib.sha256(b"x = 1\n").hexdigest(), "demo_pkg/gone.py": None,
                               "nopkg/x.py": "package missing"}
     assert found["dists"]["no-such-dist"] is None
@@ -127,6 +129,7 @@ def test_weights_and_disk(tmp_path: Path) -> None:
     assert [x.state for x in cached] == ["ok"] and len(cached) == 1
 
 
+@pytest.mark.integration  # needs the tiny models built by `cookbook setup`
 @pytest.mark.skipif(not cpu_image_ready(), reason="the CPU image is not built (`cookbook setup`)")
 @pytest.mark.parametrize("recipe_id", ["HuggingFaceTB/SmolLM2-135M-Instruct", "cookbook/tiny-qwen3-next"])
 def test_doctor_runs_for_real_on_the_cpu_recipes(recipe_id: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,3 +178,105 @@ def test_a_ready_gaudi_box_passes(tmp_path: Path) -> None:
 def test_doctor_cli_bad_image_python(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", CODER, "--image-python", "/no/such/python"]) == 2
     assert "--image-python" in capsys.readouterr().err
+
+
+# -- issue 23 item 5: the doctor on a real box -------------------------------------------------------------------
+
+
+def _pack_without_payload(tmp_path: Path, fix_id: str):
+    """A copy of the pack where one fix of v0.26.0 has its fix.json but no payload (as before the pack is complete)."""
+    import json
+
+    from cookbook.fixpack import FIXES_DIR
+
+    root = tmp_path / "fixes"
+    shutil.copytree(FIXES_DIR, root)
+    folder = root / "v0.26.0" / fix_id
+    meta = json.loads((folder / "fix.json").read_text())
+    meta.pop("payload")
+    meta.pop("proof", None)
+    (folder / "fix.json").write_text(json.dumps(meta))
+    (folder / "payload.diff").unlink()
+    return load_pack(root)
+
+
+def test_a_fix_without_payload_is_named_as_what_the_fix_step_refuses(tmp_path: Path) -> None:
+    recipe = load_recipe(CODER)
+    complete = doctor.payload_line(recipe, load_pack())
+    assert complete.state == "ok" and complete.have.startswith("all 15 in")
+    missing = doctor.payload_line(recipe, _pack_without_payload(tmp_path, "rope-cpu-cache"))
+    assert missing.state == "FAIL"
+    assert missing.have.startswith("no payload file for 1: rope-cpu-cache (fix.json without payload.diff")
+    assert "refuses" in missing.have
+
+
+def test_it_says_where_it_read_the_image_and_how_to_read_another(capsys: pytest.CaptureFixture[str]) -> None:
+    """A Gaudi recipe on a box whose python3 has no vllm_gaudi: which interpreter and site-packages, and the way out."""
+    recipe = load_recipe(CODER)
+
+    def bare(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
+        return {"dists": {d: None for d in dists}, "files": {f: "package missing" for f in files},
+                "executable": "/venv/bin/python3", "site": ["/venv/lib/python3.11/site-packages"]}
+
+    lines = doctor.image_lines(recipe, ImageEnv(Path("/venv/bin/python3"), Path("/venv/bin")), bare)
+    where = line(lines, "image read from")
+    assert where.render() == ("info  image read from: /venv/bin/python3, packages in /venv/lib/python3.11/site-packages;"
+                              " elsewhere: point --image-python at the image's interpreter, or run `cookbook doctor` "
+                              "inside the container")
+    files = line(lines, "pinned files")
+    assert files.state == "FAIL" and "vllm_gaudi not installed in /venv/bin/python3" in files.have
+    assert "--image-python" in files.have and "inside the container" in files.have
+    assert main(["doctor", "--help"]) == 0
+    assert "inside the vllm-gaudi container" in " ".join(capsys.readouterr().out.split())
+
+
+def _card(tmp_path: Path, model_id: str, header: str | None) -> dict[str, str]:
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    if header is not None:
+        snapshot = tmp_path / "hf" / "hub" / f"models--{model_id.replace('/', '--')}" / "snapshots" / "abc"
+        snapshot.mkdir(parents=True)
+        (snapshot / "README.md").write_text(f"---\n{header}\n---\n# the card\n")
+    return env
+
+
+def test_whether_a_token_is_needed_comes_from_the_cached_model_card(tmp_path: Path) -> None:
+    recipe = load_recipe(CODER)
+    unknown = doctor.token_line(_card(tmp_path / "a", recipe.model.id, None), recipe)
+    assert unknown.state == "warn" and unknown.need.startswith(f"unknown whether {recipe.model.id} is gated")
+    public = doctor.token_line(_card(tmp_path / "b", recipe.model.id, "license: apache-2.0"), recipe)
+    assert public.state == "ok" and public.need.startswith(f"none: {recipe.model.id} is not gated")
+    gated_env = _card(tmp_path / "c", recipe.model.id, "license: other\nextra_gated_prompt: Accept the terms")
+    gated = doctor.token_line(gated_env, recipe)
+    assert (gated.state, gated.have) == ("FAIL", "absent") and "is gated" in gated.need and "extra_gated_prompt" in gated.need
+    with_token = doctor.token_line({**gated_env, "HF_TOKEN": "hf_secret_value_123"}, recipe)
+    assert with_token.state == "ok" and "hf_secret_value_123" not in with_token.render()
+    cpu = doctor.token_line(_card(tmp_path / "d", "x/y", None), load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert cpu.state == "ok" and cpu.need.startswith("none: the weights are built here")
+
+
+def test_with_no_recipe_it_describes_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU, memory, the cards hl-smi shows and the images in the cache, not "ok"."""
+    image = tmp_path / "cache" / "images" / "vllm-cpu-9.9.9"
+    (image / "bin").mkdir(parents=True)
+    (image / "bin" / "python").write_text("")
+    (image / ".complete").write_text("")
+    monkeypatch.setenv("COOKBOOK_CACHE", str(tmp_path / "cache"))
+
+    def no_vllm(image: ImageEnv, dists: list[str], files: list[str]) -> dict:
+        return {"dists": {d: None for d in dists}, "files": {}}
+
+    lines = doctor.diagnose(None, env={"HOME": str(tmp_path)}, hl_smi=recorded("gaudi2-8-five-busy.csv"), reader=no_vllm)
+    assert line(lines, "CPU").have.endswith("logical cores") and line(lines, "CPU").state == "info"
+    assert re.fullmatch(r"[\d.]+ GiB total, [\d.]+ GiB available", line(lines, "memory").have)
+    assert line(lines, "Gaudi cards").have == "8 card(s), 3 free (4,5,6)"
+    assert line(lines, "images").have == f"vllm-cpu-9.9.9 (built, {image / 'bin' / 'python'})"
+    sentence = doctor.describe_box(lines)
+    assert "Gaudi: 8 card(s), 3 free" in sentence and "images: vllm-cpu-9.9.9" in sentence and "memory" in sentence
+
+
+def test_doctor_without_a_recipe_prints_the_box_not_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor"])
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert out[-1].startswith("this box: ") and "logical cores" in out[-1] and "images: " in out[-1]
+    assert out[-1] != "this box: ok"
+    assert code == (1 if any(x.startswith("FAIL") for x in out) else 0)

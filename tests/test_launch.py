@@ -18,19 +18,19 @@ from servers import Registry, Running
 pytestmark = pytest.mark.integration
 
 
-def test_session_server_is_healthy_with_a_kv_pool(cpu_launch) -> None:
-    if not isinstance(cpu_launch, Server):
+def test_session_server_is_healthy_with_a_kv_pool(cpu_launch: Running) -> None:
+    """The session's SmolLM2, started by the library's foreground path (tests/_serve.py): its ready line."""
+    if cpu_launch.cli is None or cpu_launch.log_path is None:
         pytest.skip("attached to an external server")
-    ready = cpu_launch.ready
-    assert ready is not None
+    ready_line = cpu_launch.ready_line
     endpoint = cpu_launch.endpoint
     assert endpoint.healthy()
     assert endpoint.served_models() == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
     # The pool parsed from the log agrees with vllm:cache_config_info in /metrics.
-    assert ready.kv_pool_tokens is not None and ready.kv_pool_tokens > 8192
-    assert endpoint.kv_pool_tokens() == ready.kv_pool_tokens
-    assert "ready: http://127.0.0.1:" in ready.line() and f"{ready.kv_pool_tokens:,} tokens" in ready.line()
-    log = ready.log_path.read_text()
+    assert cpu_launch.kv_pool_tokens is not None and cpu_launch.kv_pool_tokens > 8192
+    assert endpoint.kv_pool_tokens() == cpu_launch.kv_pool_tokens
+    assert "ready: http://127.0.0.1:" in ready_line and f"{cpu_launch.kv_pool_tokens:,} tokens" in ready_line
+    log = cpu_launch.log_path.read_text()
     assert "apply_all.py --profile cpu-0.32.0" in log
     assert "vllm serve" in log
 

@@ -8,7 +8,7 @@ from cookbook.checks._load_all import CHECK_MODULES
 from cookbook.cli import COMMANDS, build_parser
 
 PACKAGE = Path(checks.__file__).resolve().parent.parent
-HELPERS = {"registry", "matching", "kit"}  # modules and packages of the checks package that register no check
+HELPERS = {"registry", "matching", "kit", "params"}  # modules and packages of the checks package that register no check
 
 
 def test_every_check_module_is_loaded() -> None:

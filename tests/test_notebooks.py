@@ -39,6 +39,8 @@ SMALL = {
     "LONG_LENGTHS": [1000],
     "LONG_DEPTHS": [0.5],
     "SWEEP_LEVELS": [1, 2],
+    "RATES": [2.0],
+    "RATE_REQUESTS": 4,
 }
 PLANTED_API = PLANTED + "-api"
 # Its first line proves the kernel held both planted values (their digests, never the values), then it leaks one.
@@ -192,7 +194,7 @@ def test_notebooks_write_their_results(batch_run: tuple[BatchSummary, Path]) -> 
     needles = results.check("needles")
     assert needles is not None and len(needles.details["cells"]) == len(SMALL["LENGTHS"]) * len(SMALL["DEPTHS"])
     figures = {f.name: f for f in results.performance}
-    assert set(figures) == {"single-stream", "n-streams", "cold-prompt-1K", "sweep"}
+    assert set(figures) == {"single-stream", "n-streams", "cold-prompt-1K", "sweep", "open-loop"}
     assert figures["n-streams"].metrics["streams"] == 2 and figures["n-streams"].failed_requests == 0
     assert figures["single-stream"].metrics["tokens_per_s"] > 0  # type: ignore[operator]
     assert [row["streams"] for row in figures["sweep"].details["rows"]] == SMALL["SWEEP_LEVELS"]

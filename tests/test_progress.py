@@ -19,6 +19,8 @@ import pytest
 
 from cookbook.progress import Event, LineRenderer, Task, run_reporting, session_pids
 
+from servers import Registry
+
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -273,7 +275,8 @@ def test_ctrl_c_during_a_set_up_stage_stops_its_child_and_exits_130(stage: str, 
 
 
 @pytest.mark.integration
-def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp_path: Path) -> None:
+@pytest.mark.own_server  # a start interrupted on purpose: no registry server can be it
+def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp_path: Path, servers: Registry) -> None:
     """The real vLLM server of the SmolLM2 recipe: Ctrl-C while `cookbook serve` waits for /health (the progress
     says so, with the log's last line) stops the server's whole session, and the command exits 130 within 30 s."""
     from cookbook.launch import free_port
@@ -286,9 +289,11 @@ def test_ctrl_c_while_the_real_server_starts_stops_its_session_and_exits_130(tmp
         server_sids = {os.getsid(int(pid)) for pid in children.split()} - {os.getsid(proc.pid)}
         assert len(server_sids) == 1, children  # vllm serve, in a session of its own
         sid = server_sids.pop()
+        servers.guard.add(sid)  # stopped by the session's guard even if this run dies before the Ctrl-C below
         assert session_pids(sid)
         _sigint_and_wait(proc, output)
     assert session_pids(sid) == []
+    servers.guard.remove(sid)
 
 
 # -- the producers ----------------------------------------------------------------------------------------------

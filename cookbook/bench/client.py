@@ -85,6 +85,7 @@ class StreamResult:
     itl_s: list[float] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    sent_at: float | None = None  # perf_counter() when the request went to the transport (an open loop's timeline)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -217,6 +218,7 @@ async def _stream_one(client: Any, model: str, request: StreamRequest, temperatu
     if not state["usage"]:
         result.usage_missing = True
         result.output_tokens = int(state["chunks"])
+    result.sent_at = state["sent"]
     result.e2e_s = state["last"] - state["sent"] if result.ttft_s is not None else None
     if not result.error and result.ttft_s is not None and not state.get("done"):
         result.error = "the stream ended before [DONE]"  # cut off: its tokens and times are not the whole answer

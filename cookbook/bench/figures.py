@@ -72,7 +72,9 @@ def n_streams_figure(batch: BatchResult, output_tokens: int, hardware: Hardware)
         name="n-streams",
         label=f"{batch.streams} {noun}, {output_tokens} tokens each",
         result=result,
-        measured_as=_measured_as("aggregate = all tokens over the wall time; per stream = mean of each stream's own rate", hardware),
+        measured_as=_measured_as("aggregate = output tokens (usage) of the completed streams over the wall time from "
+                                 "just before the first send to the end of the last answer, as vllm bench serve's output "
+                                 "throughput; per stream = mean of each stream's own rate", hardware),
         metrics=metrics,
         failed_requests=batch.failed,
         details=_batch_details(batch, hardware),

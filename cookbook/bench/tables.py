@@ -25,7 +25,7 @@ def detail_frame(results: RunResults) -> "pd.DataFrame":
     the outlier counts (stats.OUTLIER_RULE)."""
     rows = []
     for figure in results.performance:
-        if figure.name == "sweep":
+        if figure.name in ("sweep", "open-loop"):
             continue
         m = figure.metrics
         row: dict[str, Any] = {"figure": figure.name, "requests": m.get("requests"), "failed": figure.failed_requests}
@@ -48,6 +48,12 @@ def sweep_frame(results: RunResults) -> "pd.DataFrame":
     return _frame(figure.details.get("rows", []) if figure else [])
 
 
+def open_loop_frame(results: RunResults) -> "pd.DataFrame":
+    """The open loop's rows (one per offered rate) back as a DataFrame (from a results file too)."""
+    figure = results.figure("open-loop")
+    return _frame(figure.details.get("rows", []) if figure else [])
+
+
 def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     line = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -66,7 +72,7 @@ def format_report(results: RunResults, rows: list[RooflineRow] | None = None, re
     detail: list[tuple[str, ...]] = []
     for figure in results.performance:
         m = figure.metrics
-        if figure.name == "sweep":
+        if figure.name in ("sweep", "open-loop"):
             continue
         if figure.name.startswith("cold-prompt-"):
             ttft = f"{_stat(m.get('ttft_s_min'), 2)} to {_stat(m.get('ttft_s_max'), 2)} s"
@@ -90,6 +96,22 @@ def format_report(results: RunResults, rows: list[RooflineRow] | None = None, re
                       for r in sweep.details.get("rows", [])]
         out += _text_table(("Streams", "Aggregate tok/s", "Per stream tok/s", "TTFT p50 ms", "TPOT p50 ms",
                             "TPOT p99 ms", "Failed", "MBU %"), sweep_rows)
+    open_loop = results.figure("open-loop")
+    if open_loop is not None:
+        out += ["", f"Open loop ({open_loop.label})", f"{open_loop.details.get('client_overhead', '')}"]
+        objectives = open_loop.details.get("objectives_ms") or {}
+        if objectives:
+            out.append("goodput objectives: " + ", ".join(f"{k} <= {v:g} ms" for k, v in objectives.items()))
+        open_rows = [(f"{r['offered_rate']:g}", _stat(r.get("achieved_rate"), 2), _stat(r.get("request_throughput"), 2),
+                      _stat(r.get("request_goodput"), 2), _stat(r.get("output_tokens_per_s"), 1),
+                      _stat(r.get("ttft_ms_p50"), 0), _stat(r.get("ttft_ms_p99"), 0), _stat(r.get("tpot_ms_p50"), 1),
+                      _stat(r.get("tpot_ms_p99"), 1), str(r.get("failed")), _stat(r.get("send_lag_ms_p99"), 1),
+                      _stat(r["client_core_share"] * 100 if r.get("client_core_share") is not None else None, 1),
+                      "yes" if r.get("saturated") else "no")
+                     for r in open_loop.details.get("rows", [])]
+        out += _text_table(("Offered req/s", "Achieved req/s", "Throughput req/s", "Goodput req/s", "Output tok/s",
+                            "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "Failed", "Send lag p99 ms",
+                            "Client % core", "Saturated"), open_rows)
     if rows is not None:
         out += ["", "Roofline (decode, weights only)"]
         if rows:

@@ -17,6 +17,7 @@ from ..roofline import roofline_rows
 from .client import BatchResult, StreamRequest, StreamResult, run_batch
 from .kvcache import DEFAULT_INTERVAL_S, KvSampler, attach_trace
 from .figures import MEASURED_AS, cold_figure, n_streams_figure, single_stream_figure, sweep_figure
+from .open_loop import OpenLoopConfig, open_loop_figure, run_rate_sweep
 from .tables import _frame
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 SEED_LONG_FRACTIONS = (65_000 / 262_144, 131_000 / 262_144, 244_000 / 262_144)
 
-WORKLOADS = ("single", "streams", "cold", "sweep")
+WORKLOADS = ("single", "streams", "cold", "sweep", "rate")
 
 TABLE = ("single", "streams", "cold")
 
@@ -62,6 +63,17 @@ class BenchConfig(BaseModel):
     kv_sample_interval_s: float = Field(
         DEFAULT_INTERVAL_S, ge=0, description="Seconds between reads of the server's KV-cache usage during the run; 0: not sampled"
     )
+    open_loop: OpenLoopConfig = Field(default_factory=OpenLoopConfig, description="The rate workload (open loop)")
+
+
+def sampling_note(temperature: float) -> str:
+    """How the tokens were sampled, on every report: `vllm bench serve` 0.32 sends no temperature unless told, so
+    the server samples at its default (1.0 for a model without one), which costs decode time a greedy run does not
+    pay; the same work there is `--temperature 0`."""
+    if temperature == 0:
+        return ("greedy sampling, temperature 0; the same work in vllm bench serve 0.32 needs --temperature 0, "
+                "without it the server samples at its default temperature")
+    return f"sampling at temperature {temperature:g}"
 
 
 def short_prompts(count: int) -> list[str]:
@@ -204,7 +216,8 @@ def run_performance_table(
         model=endpoint.model,
         hardware=hardware,
         image=recipe.image.label.replace("`", "") if recipe else "",
-        performance_note=f"Single runs on the server above, {hardware.description} (measured as: {MEASURED_AS}).",
+        performance_note=f"Single runs on the server above, {hardware.description} (measured as: {MEASURED_AS}; "
+                         f"{sampling_note(config.temperature)}).",
         started_at=now(),
     )
     try:
@@ -293,6 +306,19 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
         finally:  # the levels measured before a failure are kept
             if rows:
                 results.performance.append(sweep_figure(_frame(rows), hardware, samples))
+    if "rate" in wanted:
+        begin("open loop")
+        rate_rows: list[dict[str, Any]] = []
+        rate_samples: dict[str, Any] = {}
+        max_len = haystack.server_max_model_len(endpoint) if config.open_loop.dataset.name == "sharegpt" else None
+        try:
+            with span("open-loop", "open-loop"):
+                run_rate_sweep(endpoint, config.open_loop, config.temperature, config.request_timeout_s, progress,
+                               rate_rows, rate_samples, max_len, lambda text: len(endpoint.tokenize(text)))
+        finally:  # the rates measured before a failure are kept
+            if rate_rows:
+                results.performance.append(open_loop_figure(rate_rows, config.open_loop, hardware, MEASURED_AS,
+                                                            rate_samples))
 
 
 def _attach_roofline(results: RunResults, recipe: Recipe) -> None:

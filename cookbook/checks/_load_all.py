@@ -4,7 +4,7 @@ A module listed here that does not import is an error, never a silent gap in the
 """
 import importlib
 
-CHECK_MODULES = ("basic", "tools", "sampling", "prefix_cache", "needles", "oracle", "engine_states", "health")
+CHECK_MODULES = ("basic", "tools", "sampling", "prefix_cache", "needles", "oracle", "engine_states", "accuracy", "health")
 
 for _name in CHECK_MODULES:
     importlib.import_module(f"{__package__}.{_name}")

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import RequestFailed, RequestTimeout, ServerDown
 from ..results import Evidence
 from .matching import answer_matches
+from .params import CONCURRENCY
 from .registry import CheckContext, CheckFailed, CheckOutcome, check
 
 EXCERPT_CHARS = 600
@@ -183,7 +184,7 @@ def known_answer(ctx: CheckContext) -> CheckOutcome:
     return _grade(items, [chat(ctx, _known_answer_body(ctx, item)) for item in items])
 
 
-@check("known-answer-concurrent", "The same prompts, {concurrency} in flight")
+@check("known-answer-concurrent", "The same prompts, {concurrency} in flight", params=(CONCURRENCY,))
 def known_answer_concurrent(ctx: CheckContext) -> CheckOutcome:
     """The same prompts, as many in flight as the recipe serves at once; each answer graded against its own prompt,
     so responses crossed between requests fail."""

@@ -43,8 +43,9 @@ from ..haystack import (
 from ..reference import RefPosition, Reference
 from ..results import Evidence
 from .kit.departure import rank_by_reference
-from .kit.referee import REFERENCE_TOP_K, Referee
+from .kit.referee import REFERENCE_PARAMS, REFERENCE_TOP_K, Referee
 from .kit.tolerances import Tolerance, tolerances
+from .params import DTYPE, SEED, Param
 from .registry import CheckContext, CheckOutcome, check
 
 DEFAULT_DEPTHS = [0.1, 0.5, 0.9]
@@ -400,7 +401,20 @@ def default_lengths(max_model_len: int) -> list[int]:
     return [round(n, -3) if n >= 10_000 else n for n in lengths]
 
 
-@check("needles", "Needle in a haystack, 3 depths, cold", group="long-context")
+NEEDLE_PARAMS = (
+    Param("needle_lengths", "int list", "the recipe's verification.needles.lengths, else from the served context",
+          "haystack lengths in the model's tokens", low=1, high=100_000_000),
+    Param("needle_depths", "float list", "the recipe's, else 0.1, 0.5, 0.9", "needle depths as fractions of the haystack",
+          low=0, high=1),
+    Param("needle_digits", "int", f"the recipe's value_digits, else {DEFAULT_DIGITS}", "digits of each needle's value",
+          low=1, high=100),
+    Param("needle_reference", "text", "misses", "which cells the reference scores: misses or every-cell",
+          choices=("misses", "every-cell")),
+    SEED, DTYPE, *REFERENCE_PARAMS,
+)
+
+
+@check("needles", "Needle in a haystack, 3 depths, cold", group="long-context", params=NEEDLE_PARAMS)
 def needles(ctx: CheckContext) -> CheckOutcome:
     """The grid from the recipe (or params 'needle_lengths' / 'needle_depths'), every cell in the details; the
     heatmap is drawn from them by `cookbook.plots.needles_figure`, never by the check."""

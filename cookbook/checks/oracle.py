@@ -39,6 +39,8 @@ from .kit.departure import Ranking, rank_by_reference
 from .kit.tolerances import (REFERENCE_DEFAULTS, REFERENCE_MAX, REFERENCE_MEAN, REFERENCE_TIE, REFERENCE_TOPK,
                               reference_tolerance)
 from .kit.tolerances import Tolerance, too_noisy
+from .kit.referee import REFERENCE, REFERENCE_CHECKPOINT, REFERENCE_MODEL
+from .params import DTYPE, Param
 from .registry import CheckContext, CheckFailed, CheckInconclusive, CheckOutcome, CheckSkipped, check
 
 LABEL = "Logprobs against a reference forward pass (cookbook's own check)"
@@ -257,7 +259,16 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
 
-@check("oracle", LABEL, group="oracle")
+ORACLE_PARAMS = (
+    Param("oracle_max_new_tokens", "int", f"the recipe's verification.oracle.max_new_tokens, else {DEFAULT_MAX_NEW_TOKENS}",
+          "tokens generated per reference prompt", low=1, high=100_000),
+    Param("oracle_kinds", "text list", "every kind", "only the reference prompts of these kinds: short, blocks, window, long",
+          choices=("short", "blocks", "window", "long")),
+    REFERENCE, REFERENCE_MODEL, REFERENCE_CHECKPOINT, DTYPE,
+)
+
+
+@check("oracle", LABEL, group="oracle", params=ORACLE_PARAMS)
 def oracle(ctx: CheckContext) -> CheckOutcome:
     reference, source = reference_for(ctx)
     if reference is None:

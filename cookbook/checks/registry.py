@@ -12,6 +12,7 @@ from ..errors import CookbookError, RequestFailed, RequestTimeout, ServerDown
 from ..progress import Progress, Task
 from ..recipes import Recipe
 from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, run_hardware
+from .params import Param, validate
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class CheckSpec:
     fn: CheckFn
     group: str  # "core" or "long-context"
     applies: Callable[[CheckContext], str | None]  # None if it applies, else why not
+    params: tuple[Param, ...] = ()  # what it reads from --param (cookbook.checks.params)
 
     def label_for(self, ctx: CheckContext) -> str:
         return self.label.replace("{concurrency}", str(ctx.concurrency))
@@ -131,15 +133,16 @@ def _always(_ctx: CheckContext) -> str | None:
 
 
 def check(
-    name: str, label: str, group: str = "core", applies: Callable[[CheckContext], str | None] = _always
+    name: str, label: str, group: str = "core", applies: Callable[[CheckContext], str | None] = _always,
+    params: tuple[Param, ...] = (),
 ) -> Callable[[CheckFn], CheckFn]:
     """Register a check function under `name`; `label` is the Verified table's Check column
-    ("{concurrency}" in it becomes the run's in-flight count)."""
+    ("{concurrency}" in it becomes the run's in-flight count); `params` the check parameters it reads."""
 
     def register(fn: CheckFn) -> CheckFn:
         if name in CHECKS:
             raise ValueError(f"check {name!r} registered twice")
-        CHECKS[name] = CheckSpec(name, label, fn, group, applies)
+        CHECKS[name] = CheckSpec(name, label, fn, group, applies, params)
         return fn
 
     return register
@@ -308,30 +311,8 @@ def verified_table(results: RunResults) -> str:
     return "\n".join(rows) + "\n"
 
 
-# Check parameters (verify's --param) whose values the checks rely on: name -> (kind, low, high).
-_PARAM_RANGES: dict[str, tuple[type, float, float]] = {
-    "concurrency": (int, 1, 4096),
-    "needle_lengths": (int, 1, 100_000_000),
-    "needle_depths": (float, 0, 1),
-    "prefix_cache_prompt_tokens": (int, 1, 100_000_000),
-}
-
-
-def check_params(params: dict[str, Any], flag: str = "--param") -> dict[str, Any]:
-    """Refuse, in one line naming the parameter, a value a check could not use (concurrency=abc, concurrency=0 would
-    pass the concurrent check with zero requests, a depth of 2)."""
-    from ..errors import UsageError
-
-    for name, (kind, low, high) in _PARAM_RANGES.items():
-        if name not in params:
-            continue
-        values = params[name] if isinstance(params[name], list) else [params[name]]
-        for value in values:
-            number_ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-            if kind is int:
-                number_ok = number_ok and float(value).is_integer()
-            if not number_ok or not low <= value <= high:
-                what = "a whole number" if kind is int else "a number"
-                raise UsageError(f"{flag}: {name}: expected {what} from {low:g} to {high:g}, got {str(value)[:40]!r}")
-        params[name] = [kind(v) for v in values] if isinstance(params[name], list) else kind(params[name])
-    return params
+def check_params(params: dict[str, Any], specs: list[CheckSpec] | None = None, flag: str = "--param") -> dict[str, Any]:
+    """`params` typed by what the checks run (`specs`; default every check) declare, refused in one line naming the
+    key when no such check reads it or the value is not of its type (concurrency=abc, concurrency=0 would pass the
+    concurrent check with zero requests, a depth of 2)."""
+    return validate(params, CHECKS.values() if specs is None else specs, CHECKS.values(), flag)

@@ -30,6 +30,7 @@ import jsonschema
 from ..errors import CookbookError
 from ..results import Evidence
 from .basic import Reply, answer_budget, chat, chat_all, excerpt, no_answer_note, user
+from .params import CONCURRENCY
 from .registry import CheckContext, CheckFailed, CheckInconclusive, CheckOutcome, check
 
 TAKES_EFFECT = "takes effect"
@@ -424,7 +425,7 @@ def _no_probes(ctx: CheckContext) -> str | None:
     return None if _concurrent_probes(ctx) else "every sampling control is skipped or a known limitation here"
 
 
-@check("sampling-concurrent", _CONCURRENT_LABEL, applies=_no_probes)
+@check("sampling-concurrent", _CONCURRENT_LABEL, applies=_no_probes, params=(CONCURRENCY,))
 def sampling_concurrent(ctx: CheckContext) -> CheckOutcome:
     """Every probe's requests in one burst (repeated to about the recipe's concurrency), each checked for its own
     effect."""

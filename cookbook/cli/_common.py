@@ -104,16 +104,18 @@ def add_hardware_arg(parser: argparse.ArgumentParser, what: str = "what serves t
                         help=f"{what}, e.g. 'gaudi2:four Gaudi 2 cards' (default: {default})")
 
 
-def add_param_arg(parser: argparse.ArgumentParser, what: str, example: str) -> None:
+def add_param_arg(parser: argparse.ArgumentParser, what: str, example: str, listed_by: str = "") -> None:
+    """`--param KEY=VALUE` (repeatable); `listed_by` names where the command lists the keys it takes."""
+    where = f"; {listed_by} lists them" if listed_by else ""
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"{what}, e.g. --param {example}; VALUE as YAML, a,b a list (repeatable)")
+                        help=f"{what}, e.g. --param {example}; VALUE as YAML, a,b a list (repeatable){where}")
 
 
-def parse_params(items: list[str], upper_case_keys: bool = False, plural_lists: bool = False) -> dict[str, Any]:
+def parse_params(items: list[str], upper_case_keys: bool = False) -> dict[str, Any]:
     """`--param KEY=VALUE`, the one grammar: VALUE is read as YAML (4, 0.5, true, [1, 2], 'a, b'), a bare comma
-    list (2000,4000) as a list of such values. `upper_case_keys`: the notebooks' parameters (CONCURRENCY=4);
-    `plural_lists`: the checks' parameters, where a plural key (needle_lengths) is always a list. An empty VALUE is
-    refused (write null)."""
+    list (2000,4000) as a list of such values. `upper_case_keys`: the notebooks' parameters (STREAMS=4). Whether a
+    key exists and what type its value must be is for its reader (the checks' declarations, the notebooks'
+    parameters cells). An empty VALUE is refused (write null)."""
     params: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -122,10 +124,7 @@ def parse_params(items: list[str], upper_case_keys: bool = False, plural_lists: 
             raise UsageError(f"--param: expected KEY=VALUE, got {item!r}")
         if upper_case_keys and not re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
             raise UsageError(f"--param: expected NAME=VALUE with an upper-case NAME, got {item!r}")
-        parsed = _value(key, value.strip())
-        if plural_lists and key.endswith("s") and not isinstance(parsed, list):
-            parsed = [parsed]
-        params[key] = parsed
+        params[key] = _value(key, value.strip())
     return params
 
 

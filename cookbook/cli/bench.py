@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..bench import TABLE, WORKLOADS, BenchConfig, format_report, run_performance_table
+from ..bench import DATASETS, TABLE, WORKLOADS, BenchConfig, DatasetConfig, OpenLoopConfig, format_report, parse_goodput, run_performance_table
+from ..bench.datasets import read_sharegpt
 from ..errors import UsageError
 from ..plots import save_run_plots
 from ..endpoint import Deadline
@@ -25,6 +26,18 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _rates(text: str) -> list[float] | None:
+    if text.strip() == "auto":
+        return None
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or comma-separated requests per second, got {text!r}") from None
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be positive and finite, got {text!r}")
+    return rates
+
+
 def _workloads(text: str) -> list[str]:
     names: list[str] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -37,6 +50,8 @@ def _workloads(text: str) -> list[str]:
 
 EXAMPLES = """
   cookbook bench HuggingFaceTB/SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000 --workloads single,streams
+  cookbook bench HuggingFaceTB/SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000 --workloads rate \\
+      --rates 0.5,1,2 --requests 16 --input-len 64 --output-len 64 --goodput ttft:500 tpot:100 --out runs/rate
   cookbook bench Qwen/Qwen3-Coder-Next --base-url http://gaudi-box:8000 --workloads table,sweep \\
       --hardware "gaudi2:four Gaudi 2 cards" --out runs/qwen-bench
 """
@@ -45,7 +60,8 @@ EXAMPLES = """
 def configure(parser: argparse.ArgumentParser) -> None:
     add_server_args(parser)
     parser.add_argument("--workloads", type=_workloads, default=list(TABLE),
-                        help="comma-separated: table (= single,streams,cold), single, streams, cold, sweep (default table)")
+                        help="comma-separated: table (= single,streams,cold), single, streams, cold, sweep, rate "
+                             "(the open loop) (default table)")
     parser.add_argument("--long-lengths", type=_ints, metavar="N,N,...",
                         help="cold prompt lengths in tokens (default: the recipe's needle lengths, else the seeds' scaled)")
     parser.add_argument("--streams", type=int, help="N of the N-stream figure and the sweep's top (default --max-num-seqs)")
@@ -53,11 +69,56 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one short request may take (default 300)")
     parser.add_argument("--budget", type=float, default=3600.0, metavar="S",
                         help="wall-clock seconds the whole run may take; workloads past it are not measured (default 3600)")
-    add_out_arg(parser, "results.json, throughput.png, latency.png, roofline.png")
+    rate = parser.add_argument_group("the rate workload (open loop, as vllm bench serve --request-rate)")
+    rate.add_argument("--rates", type=_rates, default=None, metavar="R,R,...|auto",
+                      help="offered requests per second, in order; auto (default): 0.5, 1, 2, ... until saturated")
+    rate.add_argument("--max-rate", type=float, help="the automatic sweep goes no higher than this rate")
+    rate.add_argument("--requests", type=int, default=32, help="requests sent at each rate (default 32)")
+    rate.add_argument("--burstiness", type=float, default=1.0,
+                      help="gamma shape of the arrivals: 1 Poisson (default), < 1 burstier, > 1 steadier, inf constant")
+    rate.add_argument("--seed", type=int, default=0, help="seed of the arrivals and of the random datasets (default 0)")
+    rate.add_argument("--dataset", choices=DATASETS, default="random", help="what is sent (default random)")
+    rate.add_argument("--dataset-path", type=Path, metavar="FILE", help="the ShareGPT-shaped JSON file of --dataset sharegpt")
+    rate.add_argument("--input-len", type=int, default=128, help="mean prompt tokens (shared-prefix: per-request suffix; default 128)")
+    rate.add_argument("--output-len", type=int, default=128, help="mean output tokens, fixed with ignore_eos (default 128)")
+    rate.add_argument("--range-ratio", type=float, default=0.0, help="spread of both lengths, uniform in len x (1 -/+ r) (default 0)")
+    rate.add_argument("--prefix-groups", type=int, default=4, help="shared-prefix: groups sharing one prefix (default 4)")
+    rate.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens of each group's prefix (default 512)")
+    rate.add_argument("--sharegpt-output-len", type=int, help="sharegpt: fixed output tokens instead of each answer's length")
+    rate.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
+                      help="objectives of goodput, any of ttft:MS tpot:MS e2el:MS (a request counts when it meets all)")
+    add_out_arg(parser, "results.json, throughput.png, latency.png, roofline.png, open_loop.png")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results (the shared RunResults schema) to this file")
     parser.add_argument("--plots", type=Path, metavar="DIR", help="write throughput.png, latency.png, roofline.png in this folder")
     add_hardware_arg(parser)
     parser.set_defaults(run=run)
+
+
+def open_loop_config(args: argparse.Namespace) -> OpenLoopConfig:
+    """The rate workload's flags as its config; each bad value is one line naming its flag."""
+    for flag, value in (("--requests", args.requests), ("--input-len", args.input_len), ("--output-len", args.output_len),
+                        ("--prefix-groups", args.prefix_groups), ("--prefix-len", args.prefix_len)):
+        if value <= 0:
+            raise UsageError(f"{flag}: must be a positive integer, got {value}")
+    if args.sharegpt_output_len is not None and args.sharegpt_output_len <= 0:
+        raise UsageError(f"--sharegpt-output-len: must be a positive integer, got {args.sharegpt_output_len}")
+    if not (args.burstiness > 0):  # inf is allowed: constant gaps
+        raise UsageError(f"--burstiness: must be positive (inf: constant gaps), got {args.burstiness}")
+    if not (0 <= args.range_ratio < 1):
+        raise UsageError(f"--range-ratio: must be at least 0 and below 1, got {args.range_ratio}")
+    if args.max_rate is not None and not (math.isfinite(args.max_rate) and args.max_rate > 0):
+        raise UsageError(f"--max-rate: must be a positive number of requests per second, got {args.max_rate}")
+    if args.dataset == "sharegpt":
+        if args.dataset_path is None:
+            raise UsageError("--dataset sharegpt needs --dataset-path FILE")
+        read_sharegpt(args.dataset_path)  # a file that is not ShareGPT-shaped fails here, naming it
+    elif args.dataset_path is not None:
+        raise UsageError(f"--dataset-path: only read by --dataset sharegpt (got --dataset {args.dataset})")
+    dataset = DatasetConfig(name=args.dataset, input_len=args.input_len, output_len=args.output_len,
+                            range_ratio=args.range_ratio, prefix_groups=args.prefix_groups, prefix_len=args.prefix_len,
+                            path=args.dataset_path, sharegpt_output_len=args.sharegpt_output_len)
+    return OpenLoopConfig(rates=args.rates, requests=args.requests, burstiness=args.burstiness, seed=args.seed,
+                          dataset=dataset, goodput=parse_goodput(args.goodput), max_rate=args.max_rate)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,13 +132,15 @@ def run(args: argparse.Namespace) -> int:
         args.json, args.plots = args.json or args.out / "results.json", args.plots or args.out
     check_output_path(args.json, "--json")  # before any request: a run's figures must have somewhere to go
     check_output_path(args.plots, "--plots", folder=True)
+    open_loop = open_loop_config(args)  # a bad rate flag or dataset file fails before any request
     hardware = parse_hardware(args.hardware)  # a bad --hardware fails before any request
     recipe = recipe_from(args)
     endpoint = endpoint_from(args, recipe)
     endpoint.timeout_s = min(endpoint.timeout_s, args.timeout)  # /tokenize, /metrics: bounded like a request
     endpoint.budget = Deadline(args.budget, "the run's budget")
     config = BenchConfig(
-        output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout
+        output_tokens=args.output_tokens, streams=args.streams, long_lengths=args.long_lengths, request_timeout_s=args.timeout,
+        open_loop=open_loop,
     )
     say = lambda line: print(f"bench: {line}", file=sys.stderr, flush=True)  # noqa: E731
     results = run_performance_table(endpoint, recipe, config, hardware, args.workloads, cli_progress())

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.base_url and args.no_restart:
         raise UsageError("--no-restart: only when calibrate starts the recipe's server (no --base-url)")
     checks = _checks(args.checks)
-    params = parse_params(args.param, plural_lists=True)
+    params = parse_params(args.param)
     recipe = recipe_from(args)
     assert recipe is not None  # RECIPE is required
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..doctor import diagnose, failed
+from ..doctor import describe_box, diagnose, failed
 from ..errors import UsageError
 from ..image import ImageEnv
 from ..recipes import load_recipe
@@ -20,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_recipe_arg(parser, optional=True, help="recipe id or path (omit: the box alone)")
     parser.add_argument("--port", type=int, default=8000, help="the port the server will use (default 8000)")
     parser.add_argument("--image-python", type=Path, metavar="PATH",
-                        help="the serving image's interpreter (default: the CPU image for CPU recipes, else python3 here)")
+                        help="the serving image's interpreter, whose site-packages are read (default: the CPU image "
+                        "for CPU recipes, else python3 here: run doctor inside the vllm-gaudi container, or give this)")
     parser.set_defaults(run=run)
 
 
@@ -37,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
     if recipe is not None:
         print(f"{recipe.id}: {'cannot run here' if failed(lines) else 'can run here'}")
     else:
-        print(f"this box: {'problems found' if failed(lines) else 'ok'}")
+        print(f"this box: {describe_box(lines)}" + ("; problems found (FAIL above)" if failed(lines) else ""))
     return 1 if failed(lines) else 0

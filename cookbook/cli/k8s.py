@@ -12,7 +12,7 @@ from ._common import add_hardware_arg, add_out_arg, add_recipe_arg
 
 EXAMPLES = """
   cookbook k8s render Qwen/Qwen3-Coder-Next --out k8s --namespace llm --hardware "gaudi2:four Gaudi 2 cards"
-  kubectl apply -f k8s/qwen3-coder-next/
+  kubectl apply -f k8s/qwen-qwen3-coder-next/
   cookbook k8s render --fleet docs/examples/fleet-gaudi.yaml --out k8s --namespace llm
 """
 

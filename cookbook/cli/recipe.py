@@ -8,9 +8,11 @@ from pathlib import Path
 import yaml
 
 from ..recipes import list_recipes, load_recipe, render_launch_block, shown_recipe
+from . import _recipe_new
 from ._common import add_recipe_arg
 
 EXAMPLES = """
+  cookbook recipe new /models/Llama-3.1-8B-Instruct --hardware gaudi2 --cards 1 --profile v0.26.0   # from its config.json
   cookbook recipe list
   cookbook recipe show HuggingFaceTB/SmolLM2-135M-Instruct
   cookbook recipe validate recipes/Qwen/Qwen3-Coder-Next/recipe.yaml   # exit 0, or 2 naming file and field
@@ -21,12 +23,15 @@ EXAMPLES = """
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="recipe_command", required=True, metavar="ACTION")
+    _recipe_new.configure(sub)
     sub.add_parser("list", help="every recipe: id, hardware, image").set_defaults(run=_list)
     show = sub.add_parser("show", help="a recipe as validated YAML")
     add_recipe_arg(show)
     show.set_defaults(run=_show)
     validate = sub.add_parser(
-        "validate", help="schema, fix pack and the seeds' What-not-to-do rules: exit 0 if valid (warnings shown), else 2")
+        "validate", help="everything that cannot run, in one run: schema, duplicate keys, flags against vLLM's "
+        "parser, ranges, parallelism against cards and the model, facts that must agree, image against profile, literal secrets, "
+        "the seeds' What-not-to-do rules: exit 0 if valid (warnings shown), else 2")
     add_recipe_arg(validate)
     validate.set_defaults(run=_validate)
     script = sub.add_parser("launch-script", help="the recipe's Launch block, as the recipe page shows it")
@@ -58,18 +63,33 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ..lint import lint_recipe
+    """Every problem in one run: duplicate keys and schema errors, then (when the recipe loads) the lint rules and
+    the checks of what cannot run. Errors on stderr, warnings and the verdict on stdout; exit 2 on any error."""
+    from ..validate_rules import validate_recipe
+    from ..recipes import RecipeInvalid
 
-    recipe = load_recipe(args.recipe)
-    findings = lint_recipe(recipe)
+    try:
+        recipe = load_recipe(args.recipe)
+        problems: list[str] = []
+    except RecipeInvalid as exc:
+        if exc.recipe is None:
+            for problem in exc.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            print(f"invalid: {exc.path}: {len(exc.problems)} error(s)")
+            return 2
+        recipe, problems = exc.recipe, exc.problems
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    findings = validate_recipe(recipe)
     for finding in findings:
         print(finding.line(recipe.path), file=sys.stderr if finding.severity == "error" else sys.stdout)
-    errors = sum(f.severity == "error" for f in findings)
+    errors = len(problems) + sum(f.severity == "error" for f in findings)
+    warned = sum(f.severity != "error" for f in findings)
+    warnings = f", {warned} warning(s)" if warned else ""
     if errors:
-        print(f"invalid: {recipe.path} ({recipe.id}): {errors} lint error(s)", file=sys.stderr)
+        print(f"invalid: {recipe.path} ({recipe.id}): {errors} error(s){warnings}")
         return 2
-    warned = len(findings)
-    print(f"ok: {recipe.path} ({recipe.id})" + (f", {warned} warning(s)" if warned else ""))
+    print(f"ok: {recipe.path} ({recipe.id}){warnings}")
     return 0
 
 

@@ -24,11 +24,12 @@ def add_batch_args(parser: argparse.ArgumentParser) -> None:
     """Arguments `run` and `demo` share."""
     add_out_arg(parser, "the run folder (absent or empty; default runs/<time>-<recipe>)")
     parser.add_argument("--notebooks", help="comma-separated notebooks, e.g. verify,throughput (default: all)")
-    add_param_arg(parser, "a notebook parameter", "CONCURRENCY=4")
+    add_param_arg(parser, "a notebook parameter (the notebooks' parameters cells)", "STREAMS=4")
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
-    """--param NAME=VALUE for the notebooks: the one grammar, with the notebooks' upper-case names."""
+    """--param NAME=VALUE for the notebooks: the one grammar, with the notebooks' upper-case names (which notebook
+    takes which is checked when the run is planned, before anything runs)."""
     return _parse_params(items, upper_case_keys=True)
 
 

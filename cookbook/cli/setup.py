@@ -11,7 +11,7 @@ from ._progress import cli_progress
 
 EXAMPLES = """
   cookbook setup                     # the CPU image and every CPU recipe's model
-  cookbook setup smollm2-135m        # one model
+  cookbook setup smollm2-135m-instruct   # one model
 """
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import CheckContext, run_checks, selected_checks
-from ..checks.registry import check_params, verified_table
+from ..checks.params import listing
+from ..checks.registry import CheckSpec, check_params, verified_table
 from ..endpoint import Endpoint
 from ..errors import EXIT_RUN_FAILED, UsageError
 from ..launch import Server, attach, free_port, launch_flags, start_or_report
@@ -34,6 +35,7 @@ EXAMPLES = """
   cookbook verify HuggingFaceTB/SmolLM2-135M-Instruct --base-url http://127.0.0.1:8000 --checks core
   cookbook verify Qwen/Qwen3-Coder-Next --base-url http://gaudi-box:8000 --hardware "gaudi2:four Gaudi 2 cards" --out runs/qwen
   cookbook verify HuggingFaceTB/SmolLM2-135M-Instruct --launch --launch-profile engine-states --checks engine-states
+  cookbook verify --list-params --checks engine-states       # the check parameters --param takes, typed
 """
 
 
@@ -53,7 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="wall-clock seconds one request may take, start to last byte (default 60)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="S",
                         help=f"wall-clock seconds the whole run may take; checks past it are 'not run' (default {DEFAULT_BUDGET_S:g})")
-    add_param_arg(parser, "a check parameter", "needle_lengths=2000,4000")
+    add_param_arg(parser, "a check parameter", "needle_lengths=2000,4000", "--list-params")
+    parser.add_argument("--list-params", action="store_true",
+                        help="list the check parameters of the checks selected (type, default, which checks), then exit")
     parser.add_argument(
         "--launch", action="store_true", help="start the recipe's server for this run (instead of --base-url) and stop it after"
     )
@@ -80,10 +84,10 @@ def parse_checks(text: str | None) -> list[str] | None:
     return names
 
 
-def parse_params(items: list[str]) -> dict[str, object]:
-    """--param KEY=VALUE for the checks: the one grammar (numbers become numbers, a comma list a list), and a plural
-    key (needle_lengths) is always a list."""
-    return _parse_params(items, plural_lists=True)
+def parse_params(items: list[str], specs: list[CheckSpec] | None = None) -> dict[str, object]:
+    """--param KEY=VALUE for the checks: the one grammar, then typed by what the checks (`specs`; default every
+    check) declare: an unknown key or a value of the wrong type is a one-line error (exit 2)."""
+    return check_params(_parse_params(items), specs)
 
 
 def hardware_from(text: str | None) -> Hardware | None:
@@ -119,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
     if not (math.isfinite(args.budget) and args.budget > 0):
         raise UsageError(f"--budget: must be a positive number of seconds, got {args.budget}")
-    check_params(parse_params(args.param))  # a bad --param fails before any request
     check_output_path(args.json, "--json")  # before any request: the results must have somewhere to go
     check_output_path(args.out, "--out", folder=True)
     check_output_path(args.out_dir, "--out-dir", folder=True)
@@ -127,7 +130,11 @@ def run(args: argparse.Namespace) -> int:
         deprecated("--out-dir DIR", "--out DIR (results.json and the figures)")
     hardware_from(args.hardware)  # a bad --hardware fails before any request
     recipe = recipe_from(args)
-    selected_checks(names, recipe)  # unknown names fail here, before any request
+    specs = selected_checks(names, recipe)  # unknown names fail here, before any request
+    if args.list_params:
+        print(listing(specs), end="")
+        return 0
+    parse_params(args.param, specs)  # a misspelt key or a mistyped value fails before any request
     if args.launch:
         return _run_launched(args, names, recipe)
     if args.launch_profile or args.launch_override:
@@ -170,7 +177,8 @@ def _run_checks(
         endpoint,
         recipe,
         out_dir=out_dir,
-        params={**check_params(parse_params(args.param)), **({"launch_overrides": launched} if launched else {})},
+        params={**parse_params(args.param, selected_checks(names, recipe)),
+                **({"launch_overrides": launched} if launched else {})},
         request_timeout_s=args.timeout,
         hardware=hardware_from(args.hardware),
         budget_s=args.budget,

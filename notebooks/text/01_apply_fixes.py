@@ -33,6 +33,7 @@ if INTERACTIVE:
     from cookbook import ui
 
     display(ui.fixes_panel(RECIPE, apply=APPLY))
+    ui.stop_run_all()  # Run All ends here: the cells below run the suite headless, the panel does it here
 
 # %% [markdown]
 # ## Required fixes: why this model needs each one

@@ -31,6 +31,7 @@ if INTERACTIVE:
     from cookbook import ui
 
     display(ui.verify_panel(RECIPE, session.endpoint.base_url, OUT_DIR, HARDWARE))
+    ui.stop_run_all()  # Run All ends here: the cells below run the suite headless, the panel does it here
 
 # %% [markdown]
 # ## Run the checks

@@ -32,6 +32,7 @@ if INTERACTIVE:
     from cookbook import ui
 
     display(ui.checks_panel(["prefix-cache"], RECIPE, session.endpoint.base_url, OUT_DIR, HARDWARE))
+    ui.stop_run_all()  # Run All ends here: the cells below run the suite headless, the panel does it here
 
 # %% [markdown]
 # ## Hit versus cold

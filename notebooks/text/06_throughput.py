@@ -5,8 +5,9 @@
 # each, and cold long prompts (a fresh `cache_salt` each, token-exact by `/tokenize`) timed to the answer. Every
 # request streams, with a fixed output length (`ignore_eos`, `max_tokens`) and a timeout; a failed request is counted
 # beside its figure. Behind the table: TTFT, inter-token latency, TPOT and end to end with p50 / p90 / p99, a
-# concurrency sweep, and the roofline: how far decode runs from the bandwidth bound of the hardware that produced
-# the figures (a CPU figure here is a CPU figure, never a Gaudi one).
+# concurrency sweep, the open loop (requests sent at a rate, Poisson arrivals, goodput against latency objectives,
+# as `vllm bench serve --request-rate` measures it), and the roofline: how far decode runs from the bandwidth bound
+# of the hardware that produced the figures (a CPU figure here is a CPU figure, never a Gaudi one).
 
 # %% tags=["parameters"]
 RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recipe id (cookbook recipe list)
@@ -19,7 +20,12 @@ STREAMS = None       # N of the N-stream figure; None: the recipe's --max-num-se
 LONG_LENGTHS = None  # cold prompt lengths in tokens, e.g. [2000, 7600]; None: the recipe's needle lengths
 LONG_DEPTHS = None   # needle depths, one cold request each per length; None: the recipe's
 SWEEP_LEVELS = None  # concurrency levels, e.g. [1, 2, 4, 8]; None: 1, 2, 4 ... up to N
-WORKLOADS = ["single", "streams", "cold", "sweep"]
+RATES = [1.0, 2.0]   # offered requests/s of the open loop (a short sweep); None: 0.5, 1, 2, ... until saturated
+RATE_REQUESTS = 8    # requests sent at each rate
+RATE_INPUT_LEN = 32  # prompt tokens of the open loop's random prompts
+RATE_OUTPUT_LEN = 32  # output tokens of each open-loop request (fixed with ignore_eos)
+GOODPUT = {"ttft": 1000, "tpot": 100}  # objectives in ms (ttft, tpot, e2el): a request counts when it meets all
+WORKLOADS = ["single", "streams", "cold", "sweep", "rate"]
 
 # %%
 from IPython.display import Markdown, display
@@ -36,6 +42,7 @@ if INTERACTIVE:
     from cookbook import ui
 
     display(ui.bench_panel(RECIPE, session.endpoint.base_url, OUT_DIR, HARDWARE, OUTPUT_TOKENS))
+    ui.stop_run_all()  # Run All ends here: the cells below run the suite headless, the panel does it here
 
 # %% [markdown]
 # ## The Performance table
@@ -43,8 +50,10 @@ if INTERACTIVE:
 # %%
 from cookbook import bench, plots, roofline
 
+open_loop = bench.OpenLoopConfig(rates=RATES, requests=RATE_REQUESTS, goodput=GOODPUT,
+                                 dataset=bench.DatasetConfig(input_len=RATE_INPUT_LEN, output_len=RATE_OUTPUT_LEN))
 config = bench.BenchConfig(output_tokens=OUTPUT_TOKENS, streams=STREAMS, long_lengths=LONG_LENGTHS,
-                           long_depths=LONG_DEPTHS, sweep_levels=SWEEP_LEVELS)
+                           long_depths=LONG_DEPTHS, sweep_levels=SWEEP_LEVELS, open_loop=open_loop)
 results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware, WORKLOADS)
 display(Markdown(results.performance_note))
 report.figures_frame(results)
@@ -84,6 +93,27 @@ session.show_figure(plots.latency_distribution_figure(results), "latency_distrib
 
 # %%
 session.show_figure(plots.throughput_latency_figure(sweep, title), "throughput_latency") if not sweep.empty else "no sweep in WORKLOADS"
+
+# %% [markdown]
+# ## Open loop: latency and goodput against offered load
+#
+# Requests sent at each offered rate whatever the answers before them do (Poisson arrivals, seeded), as
+# `vllm bench serve --request-rate` sends them. Left: TTFT and TPOT as the load rises; right: the achieved rate
+# (completions per second) against the offered one, and goodput, the requests per second that met every objective
+# in `GOODPUT`. Where the achieved rate leaves the diagonal the server has saturated; the client's own overhead at
+# each rate (its share of a core, how late requests left) is in the table.
+
+# %%
+open_loop_rows = bench.open_loop_frame(results)
+figure = results.figure("open-loop")
+if figure is not None:
+    display(Markdown(f"**{figure.result}** ({figure.measured_as})"))
+    display(open_loop_rows[["offered_rate", "achieved_rate", "request_throughput", "request_goodput",
+                            "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
+                            "failed", "send_lag_ms_p99", "client_core_share", "saturated"]])
+    session.show_figure(plots.open_loop_curve_figure(open_loop_rows, f"Latency and goodput against offered load: {title}"), "open_loop")
+else:
+    print("no rate in WORKLOADS")
 
 # %% [markdown]
 # ## TTFT against prompt length (cold prompts)

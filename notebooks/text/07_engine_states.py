@@ -38,6 +38,7 @@ if INTERACTIVE:
 
     display(ui.checks_panel(["same-step-prefix", "preemption", "chunked-prompt-logprobs", "batch-composition"],
                             RECIPE, session.endpoint.base_url, OUT_DIR, HARDWARE))
+    ui.stop_run_all()  # Run All ends here: the cells below run the suite headless, the panel does it here
 
 # %% [markdown]
 # ## Run the probes

@@ -13,9 +13,20 @@ from ...haystack import server_max_model_len
 from ...results import Evidence
 from ..kit import Referee, RunComparison, Tolerances, tally, too_noisy
 from ..prefix_cache import server_cache_config
+from ..kit.referee import REFERENCE_PARAMS
+from ..kit.tolerances import MAX_LOGPROB_DIFF, TIE_MARGIN
+from ..params import CONCURRENCY, DTYPE, SEED, Param
 from ..registry import CheckContext, CheckInconclusive
 
 GROUP = "engine-states"
+# What every engine-states probe reads: the scheduler limits vLLM does not export, the seed, the runs' tolerances.
+LAYOUT_PARAMS = (
+    Param("max_num_seqs", "int", "a launch override, else the recipe's --max-num-seqs, else the run's concurrency",
+          "requests the server's scheduler runs at once", low=1, high=65536),
+    Param("max_num_batched_tokens", "int", "a launch override, else the recipe's flag, else vLLM's CPU default",
+          "tokens per scheduler step (the prefill chunk)", low=1, high=100_000_000),
+    CONCURRENCY, SEED, DTYPE, MAX_LOGPROB_DIFF, TIE_MARGIN, *REFERENCE_PARAMS,
+)
 PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
 HITS_METRIC = "vllm:prefix_cache_hits_total"
 # vLLM 0.32's default --max-num-batched-tokens for the OpenAI server on CPU (vllm/engine/arg_utils.py); a recipe's
@@ -47,7 +58,7 @@ def _flag(ctx: CheckContext, name: str) -> tuple[Any, str] | None:
 
 
 def param_int(ctx: CheckContext, key: str) -> int | None:
-    """An integer check parameter; `--param` turns a plural-looking key into a one-element list."""
+    """An integer check parameter (`--param` gives it typed; a notebook may pass a list of one)."""
     value = ctx.params.get(key)
     if isinstance(value, list):
         value = value[0] if len(value) == 1 else None

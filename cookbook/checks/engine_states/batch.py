@@ -14,8 +14,10 @@ from ...completions import completion_body, new_salt
 from ...results import Evidence
 from ..kit import RunComparison, compare_traces, tolerances
 from ..kit.client import PromptSource, in_parallel, sender, solo, timeout_for
+from ..params import Param
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._common import (
+    LAYOUT_PARAMS,
     GROUP,
     EngineLayout,
     comparison_evidence,
@@ -47,10 +49,21 @@ def batch_sizes(ctx: CheckContext, layout: EngineLayout) -> list[int]:
     return sorted(sizes)
 
 
+BATCH_PARAMS = (
+    *LAYOUT_PARAMS,
+    Param("batch_sizes", "int list", "2, 4 and --max-num-seqs", "batch sizes besides 1 (capped to --max-num-seqs)",
+          low=1, high=65536),
+    Param("batch_prompt_tokens", "int", "96", "prompt length in the model's tokens", low=1, high=100_000_000),
+    Param("batch_max_tokens", "int", "the recipe's max_tokens, at most 24", "tokens each request generates", low=1,
+          high=100_000),
+)
+
+
 @check(
     "batch-composition",
     "Batch composition: the same greedy prompts alone and in batches of 2, 4 and --max-num-seqs",
     group=GROUP,
+    params=BATCH_PARAMS,
 )
 def batch_composition(ctx: CheckContext) -> CheckOutcome:
     layout = engine_layout(ctx)

@@ -19,10 +19,12 @@ from ...haystack import format_tokens
 from ...reference import RefScore
 from ...results import Evidence
 from ..kit import Referee, Tolerances, tolerances, too_noisy
+from ..kit.tolerances import PROMPT_LOGPROBS_MAX_DIFF
 from ..kit.client import PromptSource, complete, timeout_for
 from ..kit.memory import MemorySample, MemoryWatch
+from ..params import Param
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
-from ._common import GROUP, engine_layout, param_int
+from ._common import GROUP, LAYOUT_PARAMS, engine_layout, param_int
 
 TOP_K = 5
 
@@ -206,10 +208,21 @@ def against_reference(prompt: list[int], entries: list[dict[int, float] | None] 
             "allowed": ref_tol.max_abs_delta, "allowed_mean": ref_tol.mean_abs_delta, "tolerances": tol.reference_from}
 
 
+CHUNKED_PARAMS = (
+    *LAYOUT_PARAMS,
+    Param("chunked_prompt_tokens", "int", "three and a half prefill chunks, capped to the context",
+          "prompt length in the model's tokens", low=1, high=100_000_000),
+    Param("chunk_reference_url", "text", "none", "another server (e.g. one with a larger chunk) whose prompt_logprobs "
+          "the same prompt is compared with"),
+    PROMPT_LOGPROBS_MAX_DIFF,
+)
+
+
 @check(
     "chunked-prompt-logprobs",
     "Chunked prefill: `prompt_logprobs` over a prompt of several prefill chunks; memory during it; healthy after",
     group=GROUP,
+    params=CHUNKED_PARAMS,
 )
 def chunked_prompt_logprobs(ctx: CheckContext) -> CheckOutcome:
     layout = engine_layout(ctx)

@@ -16,8 +16,10 @@ from ...haystack import format_tokens
 from ...results import Evidence
 from ..kit import RunComparison, compare_traces, tolerances
 from ..kit.client import PromptSource, in_parallel, sender, solo, timeout_for
+from ..params import Param
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._common import (
+    LAYOUT_PARAMS,
     GROUP,
     HITS_METRIC,
     PREEMPTIONS_METRIC,
@@ -74,10 +76,18 @@ class PreemptionReport(BaseModel):
     healthy_after: bool
 
 
+PREEMPTION_PARAMS = (
+    *LAYOUT_PARAMS,
+    Param("preemption_max_tokens", "int", "32", "tokens each request of the over-full load generates", low=1,
+          high=100_000),
+)
+
+
 @check(
     "preemption",
     "Preemption and resumption: a load larger than the KV pool, every output vs its solo run",
     group=GROUP,
+    params=PREEMPTION_PARAMS,
 )
 def preemption(ctx: CheckContext) -> CheckOutcome:
     layout = engine_layout(ctx)

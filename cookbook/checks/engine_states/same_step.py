@@ -17,8 +17,10 @@ from ...haystack import format_tokens
 from ...results import Evidence
 from ..kit import Referee, RunComparison, Tolerances, compare_traces, tolerances
 from ..kit.client import Gate, PromptSource, sender, solo, staggered, timeout_for
+from ..params import Param
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._common import (
+    LAYOUT_PARAMS,
     CPU_DEFAULT_BATCHED_TOKENS,
     GROUP,
     HITS_METRIC,
@@ -169,10 +171,17 @@ def _steps(gate_tokens: int, layout: EngineLayout) -> str:
     return "one full step" if steps == 1 else f"{steps} full steps"
 
 
+SAME_STEP_PARAMS = (
+    *LAYOUT_PARAMS,
+    Param("gate_steps", "int", "1", "scheduler steps the gated requests are held apart", low=1, high=1000),
+)
+
+
 @check(
     "same-step-prefix",
     "Same-step shared prefixes: requests hitting blocks written in their own scheduler step vs solo runs",
     group=GROUP,
+    params=SAME_STEP_PARAMS,
     applies=lambda ctx: "prefix caching is off in the recipe: no request can hit a block another writes"
     if ctx.recipe is not None and not ctx.recipe.prefix_caching.enabled else None,
 )

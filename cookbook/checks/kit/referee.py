@@ -10,11 +10,22 @@ from typing import Any
 
 from ...errors import CookbookError
 from ...reference import RefPosition, RefScore, Reference
+from ..params import Param
 from ..registry import CheckContext
 
 # Top-k asked of the reference: wider than the served top-5, so a token the run chose is rarely outside it.
 REFERENCE_TOP_K = 20
 MEMO_LIMIT = 256
+
+# What picks the reference (cookbook.reference.reference_for); every check that judges by one reads these.
+REFERENCE = Param("reference", "text", "the recipe's golden file, else a forward pass computed here, else none",
+                  "the reference to judge by: golden, computed, none or the URL of another server")
+REFERENCE_MODEL = Param("reference_model", "text", "the served model's name",
+                        "with reference=URL: the model name that server serves")
+REFERENCE_CHECKPOINT = Param("reference_checkpoint", "text", "a CPU recipe's prepared weights",
+                             "a local checkpoint folder of the served model, for a reference computed here")
+USE_REFERENCE = Param("use_reference", "bool", "true", "false: judge by the runs' own top-k, with no reference")
+REFERENCE_PARAMS = (REFERENCE, REFERENCE_MODEL, REFERENCE_CHECKPOINT, USE_REFERENCE)
 
 
 class Referee:

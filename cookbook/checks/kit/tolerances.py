@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from ...errors import CookbookError
 from ...recipes import OracleTolerance, Recipe
+from ..params import Param
 
 # The names calibration.yaml uses (cookbook.calibrate writes them; Calibration.values is keyed by them).
 REFERENCE_MAX = "reference.max_abs_delta"
@@ -27,6 +28,17 @@ RUN_TIE = "runs.tie_margin"
 PROMPT_DRIFT = "prompt_logprobs.max_diff"
 HIT_DRIFT = "prefix_cache.max_logprob_diff"
 NAMES = (REFERENCE_MAX, REFERENCE_MEAN, REFERENCE_TOPK, REFERENCE_TIE, RUN_DRIFT, RUN_TIE, PROMPT_DRIFT, HIT_DRIFT)
+
+# The check parameters that override a tolerance (`_pick`), each first before calibration and the recipe.
+_FROM = "the recipe's calibration, else its verification, else the dtype's default"
+MAX_LOGPROB_DIFF = Param("max_logprob_diff", "float", _FROM, "largest logprob gap allowed between two served runs",
+                         low=0)
+TIE_MARGIN = Param("tie_margin", "float", _FROM, "logprob margin within which two served runs' top tokens are a tie",
+                   low=0)
+PROMPT_LOGPROBS_MAX_DIFF = Param("prompt_logprobs_max_diff", "float", _FROM,
+                                 "largest prompt-logprob gap allowed between two prefill chunkings", low=0)
+PREFIX_CACHE_MAX_LOGPROB_DIFF = Param("prefix_cache_max_logprob_diff", "float", _FROM,
+                                      "largest logprob gap allowed between a prefix-cache hit and its cold run", low=0)
 
 # The served dtype's defaults for a recipe that says nothing. Reference: bf16 measured on the clean CPU server
 # (SmolLM2-135M bf16 against the fp32 reference; docs/checks.md), with a margin; the others scaled from it by the

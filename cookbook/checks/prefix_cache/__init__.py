@@ -19,6 +19,9 @@ from ...errors import CookbookError
 from ...haystack import fit_lengths, join_words, seed_param, served_model
 from ...results import Evidence
 from ..kit import Referee, tolerances, too_noisy
+from ..kit.referee import REFERENCE_PARAMS
+from ..kit.tolerances import PREFIX_CACHE_MAX_LOGPROB_DIFF
+from ..params import DTYPE, SEED, Param
 from ..registry import CheckContext, CheckInconclusive, CheckOutcome, check
 from ._layout import (
     HITS_METRIC,
@@ -129,10 +132,20 @@ def _is_cache_problem(message: str) -> bool:
     return "cached tokens" in message or "did not hit" in message or HITS_METRIC in message
 
 
+PREFIX_CACHE_PARAMS = (
+    Param("prefix_cache_prompt_tokens", "int list", "the recipe's, else from the served context, block size and windows",
+          "prompt lengths in the model's tokens", low=1, high=100_000_000),
+    Param("new_salt_on", "text", "shortest", "which prompts get a new cache_salt: shortest or every",
+          choices=("shortest", "every")),
+    PREFIX_CACHE_MAX_LOGPROB_DIFF, SEED, DTYPE, *REFERENCE_PARAMS,
+)
+
+
 @check(
     "prefix-cache",
     "Prefix-cache hit vs cold (`cache_salt`), greedy, prompts with a needle",
     group="long-context",
+    params=PREFIX_CACHE_PARAMS,
 )
 def prefix_cache(ctx: CheckContext) -> CheckOutcome:
     """Hit against cold per prompt; lengths from params['prefix_cache_prompt_tokens'], the recipe, or else derived
