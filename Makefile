@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
 
-.PHONY: demo test test-fast unit setup hooks lint notebooks-sync lab browser
+.PHONY: demo test test-fast unit sim setup hooks lint notebooks-sync lab browser
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
@@ -12,10 +12,13 @@ demo:            ## the main job: CPU server, every notebook headless, a report 
 test: setup browser  ## the whole test suite, real CPU servers and a real browser included
 	$(IN_ENV) python -m pytest -q
 
-unit:            ## tests that need no server
-	$(IN_ENV) python -m pytest -q -m "not integration"
+unit:            ## tests that need no server and no simulated image (the quick loop)
+	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image"
 
-test-fast: setup ## development: the unit tests and those on the session's two shared servers (no server of a test's own, no browser)
+sim:             ## the v0.26.0 fixes' reproducers on the simulated vllm-gaudi image (built once in the cache)
+	$(IN_ENV) python -m pytest -q -m sim_image
+
+test-fast: setup ## development: unit tests and those on the session's two shared servers (no server of a test's own, no simulated image, no browser)
 	$(IN_ENV) python -m pytest -q --tier fast
 
 setup: hooks     ## build the CPU image and the models once (later runs reuse them); install the Jupyter kernel

@@ -45,7 +45,8 @@ def _servers_of(item: pytest.Item) -> list[str]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--tier", choices=("all", "fast"), default="all",
                      help="fast: the unit tests and those on the session's shared servers only (no server of a test's "
-                          "own, no browser): `make test-fast`; all (default): everything, as `make test` and CI run")
+                          "own, no simulated image, no browser): `make test-fast`; all (default): everything, as "
+                          "`make test` and CI run")
 
 
 @pytest.hookimpl(trylast=True)  # after the tmpdir plugin's: the servers' folders are under the run's basetemp
@@ -67,7 +68,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     needs = {item.nodeid: _servers_of(item) for item in items}
     if config.getoption("tier") == "fast":
         slow = [item for item in items if set(needs[item.nodeid]) - SESSION_SERVERS
-                or item.get_closest_marker("own_server") or item.get_closest_marker("browser")]
+                or any(item.get_closest_marker(mark) for mark in ("own_server", "browser", "sim_image"))]
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if item not in slow]
