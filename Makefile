@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
 
-.PHONY: demo test test-fast unit sim setup hooks lint notebooks-sync lab browser
+.PHONY: demo test test-fast unit sim lock setup hooks lint notebooks-sync lab browser
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
@@ -24,6 +24,9 @@ test-fast: setup ## development: unit tests and those on the session's two share
 setup: hooks     ## build the CPU image and the models once (later runs reuse them); install the Jupyter kernel
 	$(IN_ENV) cookbook setup
 	$(IN_ENV) scripts/install-kernel.sh
+
+lock:            ## after a pyproject.toml change: resolve it afresh in a scratch venv and write requirements.lock
+	scripts/lock.sh
 
 hooks:           ## the git filter that strips notebooks as they are staged (idempotent; nothing outside a git checkout)
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \

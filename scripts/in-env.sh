@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a command inside the cookbook's own virtual environment, building it first if needed.
 # The environment lives in the cache folder (outside the checkout), keyed by Python version and
-# by the hash of pyproject.toml, so a fresh clone or a CI run reuses it. vLLM is never installed here.
+# by the hash of pyproject.toml and requirements.lock (the versions it resolved, installed as constraints),
+# so a fresh clone or a CI run reuses it and builds the same set. vLLM is never installed here.
 set -euo pipefail
 quiet() {  # run a pip step; show its output only if it fails
   local log; log="$(mktemp)"
@@ -12,7 +13,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${COOKBOOK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gaudi-cookbook}"
 python="${COOKBOOK_PYTHON:-python3}"
 pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-key="$(sha256sum "$here/pyproject.toml" | cut -c1-12)"
+key="$(cat "$here/pyproject.toml" "$here/requirements.lock" | sha256sum | cut -c1-12)"
 venv="$cache/envs/cookbook-py$pyver-$key"
 if [ ! -f "$venv/.complete" ]; then
   echo "cookbook: building the cookbook environment in $venv (once)" >&2
@@ -20,7 +21,7 @@ if [ ! -f "$venv/.complete" ]; then
   mkdir -p "$cache/envs"
   "$python" -m venv "$venv"
   quiet "$venv/bin/pip" install -q --upgrade pip
-  quiet "$venv/bin/pip" install -q -e "$here[dev]"
+  quiet "$venv/bin/pip" install -q -c "$here/requirements.lock" -e "$here[dev]"
   touch "$venv/.complete"
 fi
 # Several checkouts may share this environment (a developer's tree and a fresh clone's tests at once): each one

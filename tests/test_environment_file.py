@@ -48,3 +48,35 @@ def test_environment_file_matches_pyproject() -> None:
 def test_environment_file_installs_the_project_itself() -> None:
     _, _, pip = _environment()
     assert "-e .[dev]" in pip, "the pip section must install the cookbook (editable, with its dev extra)"
+
+
+def _lock() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version, f"requirements.lock: {line!r} is not NAME==VERSION"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_the_lock_pins_every_requirement_within_its_bounds() -> None:
+    """requirements.lock (what the venv resolved) holds a version of every package pyproject.toml requires, each one
+    its bounds allow; a pyproject change without `make lock` fails here."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _lock()
+    for text in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        if name == "gaudi-cookbook":
+            continue
+        assert name in pins, f"requirements.lock: no pin for {requirement.name} (run make lock)"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"requirements.lock: {requirement.name}=={pins[name]} is outside pyproject.toml's {requirement.specifier}")
+
+
+def test_the_venv_is_keyed_by_the_lock_and_built_with_it() -> None:
+    script = (ROOT / "scripts" / "in-env.sh").read_text()
+    key_line = next(line for line in script.splitlines() if line.startswith("key="))
+    assert "pyproject.toml" in key_line and "requirements.lock" in key_line
+    assert '-c "$here/requirements.lock"' in script
