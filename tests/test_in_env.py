@@ -25,6 +25,7 @@ def test_two_checkouts_sharing_one_environment_each_import_their_own_code(tmp_pa
     other = tmp_path / "other-clone"
     other.mkdir()
     shutil.copy2(ROOT / "pyproject.toml", other / "pyproject.toml")  # same dependencies: the same cached env
+    shutil.copy2(ROOT / "requirements.lock", other / "requirements.lock")  # and the same pins: the same key
     shutil.copytree(ROOT / "scripts", other / "scripts")
     shutil.copytree(ROOT / "cookbook", other / "cookbook", ignore=shutil.ignore_patterns("__pycache__"))
 
