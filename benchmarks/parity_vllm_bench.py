@@ -23,10 +23,7 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -38,48 +35,29 @@ from cookbook.launch import Server, attach, free_port
 from cookbook.models import models_dir
 from cookbook.recipes import Recipe, load_recipe
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _vllm_bench import EmbeddedVllmBench  # noqa: E402
+
 DEFAULT_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TARGET = 0.02
 
-# Runs in the image, once: imports vLLM, then runs `vllm bench serve` for every job line on stdin (its arguments and
-# our prompts as its data set) and answers with one result line, the client CPU time read around the main run only
-# (between the metrics fetched just before it and those fetched just after it).
-DRIVER = r"""
-import json, sys, time
-import vllm.benchmarks.serve as serve
+# vllm bench's data set is our prompt list (the image has no pandas for `--dataset-name custom`).
+HOOKS = r"""
 from vllm.benchmarks.datasets import SampleRequest
-from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 job = {}
 def samples(args, tokenizer):
     return [SampleRequest(prompt=p, prompt_len=len(tokenizer(p).input_ids), expected_output_len=args.output_len,
                           request_id=f"cookbook-{i}", chat_messages=[{"role": "user", "content": p}])
             for i, p in enumerate(job["prompts"])]
-
-marks = []
-def timed(fn):
-    async def wrapper(*a, **k):
-        marks.append((time.process_time(), time.perf_counter()))
-        out = await fn(*a, **k)
-        marks.append((time.process_time(), time.perf_counter()))
-        return out
-    return wrapper
-
 serve.get_samples = samples
-serve.fetch_spec_decode_metrics = timed(serve.fetch_spec_decode_metrics)
-serve.fetch_diffusion_metrics = timed(serve.fetch_diffusion_metrics)
-parser = FlexibleArgumentParser()
-serve.add_cli_args(parser)
-print("COOKBOOK_READY", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    marks.clear()
-    result = serve.main(parser.parse_args(job["argv"]))
-    start, stop = marks[3], marks[4]  # exit of the second fetch before the run, entry of the first after it
-    keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) or v is None}
-    keep["client_cpu_s"] = stop[0] - start[0]
-    keep["client_wall_s"] = stop[1] - start[1]
-    print("COOKBOOK_RESULT " + json.dumps(keep), flush=True)
+
+def prepare(new_job):
+    job.clear()
+    job.update(new_job)
+
+def finish(result, keep):
+    keep.update({k: v for k, v in result.items() if isinstance(v, (int, float, str)) or v is None})
 """
 
 
@@ -120,51 +98,19 @@ class VllmBench:
     right beside ours instead of behind a vLLM import."""
 
     def __init__(self, image: ImageEnv, tokenizer: str) -> None:
-        env = image.env()
-        env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
-        self._folder = tempfile.TemporaryDirectory(prefix="cookbook-parity-")
-        self._log = open(Path(self._folder.name) / "vllm-bench.log", "w+")
-        self._proc = subprocess.Popen([str(image.python), "-c", DRIVER], env=env, cwd=self._folder.name, text=True,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        self._bench = EmbeddedVllmBench(image, HOOKS)
         self.tokenizer = tokenizer
-        self._expect("COOKBOOK_READY")
-
-    def _expect(self, marker: str) -> str:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            if line.startswith(marker):
-                return line[len(marker):].strip()
-        self._log.seek(0)
-        tail = self._log.read().strip().splitlines()[-8:]
-        raise SystemExit("vllm bench serve failed:\n  " + "\n  ".join(tail))
 
     def run(self, endpoint: Endpoint, requests: int, concurrency: int, output_tokens: int, timeout_s: float = 900.0) -> Run:
         """One `vllm bench serve` run; the process is killed (and this fails) if it takes longer than `timeout_s`."""
-        assert self._proc.stdin is not None
-        job = {"argv": bench_serve_args(endpoint, self.tokenizer, requests, concurrency, output_tokens),
-               "prompts": short_prompts(requests)}
-        self._proc.stdin.write(json.dumps(job) + "\n")
-        self._proc.stdin.flush()
-        watchdog = threading.Timer(timeout_s, self._proc.kill)
-        watchdog.start()
-        try:
-            data: dict[str, Any] = json.loads(self._expect("COOKBOOK_RESULT "))
-        finally:
-            watchdog.cancel()
+        data = self._bench.ask({"argv": bench_serve_args(endpoint, self.tokenizer, requests, concurrency, output_tokens),
+                                "prompts": short_prompts(requests)}, timeout_s)
         return Run("vllm bench", os.getloadavg()[0], data["output_throughput"], data["mean_ttft_ms"],
                    data["total_output_tokens"], data["total_input_tokens"], data.get("failed", 0), data["client_cpu_s"],
                    data["client_wall_s"])
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-        self._folder.cleanup()
+        self._bench.close()
 
     def __enter__(self) -> "VllmBench":
         return self

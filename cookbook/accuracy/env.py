@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import SetupError
-from ..image import ImageEnv, _run, cache_dir, cache_lock
+from ..image import ImageEnv, _run, build_once, cache_dir
 from ..progress import LineRenderer, Progress, Task
 
 LM_EVAL_VERSION = "0.4.13"
@@ -57,16 +56,9 @@ def ensure_lm_eval_env(image: ImageEnv, progress: Progress | None = None) -> Ima
     once. Safe from several processes at once (one builds, the others wait on the lock)."""
     root = lm_eval_env_dir(image)
     env = lm_eval_env(image)
-    if (root / ".complete").exists():
-        return env
-    with cache_lock(root.name):
-        if (root / ".complete").exists():
-            return env
+
+    def build(log: Path) -> dict[str, str]:
         task = Task(progress or LineRenderer(), f"lm-eval {LM_EVAL_VERSION} environment", total=3)
-        shutil.rmtree(root, ignore_errors=True)
-        root.parent.mkdir(parents=True, exist_ok=True)
-        log = root.parent / f"{root.name}.build.log"
-        log.write_text("")
         _run([str(image.python), "-m", "venv", str(root)], "creating lm-eval's virtual environment", log, task)
         site_dirs = _ask(image, _SITE_DIRS, "the image's site-packages")
         own = _ask(env, "import sysconfig; print(__import__('json').dumps(sysconfig.get_paths()['purelib']))", "site")
@@ -74,13 +66,15 @@ def ensure_lm_eval_env(image: ImageEnv, progress: Progress | None = None) -> Ima
         pip = [str(env.python), "-m", "pip", "--disable-pip-version-check"]
         _run([*pip, "install", LM_EVAL_REQUIREMENT], f"pip install {LM_EVAL_REQUIREMENT}", log, task)
         task.step("importing lm_eval, torch and transformers")
-        versions = _ask(env, _VERSIONS, "lm-eval's versions")
+        versions: dict[str, str] = _ask(env, _VERSIONS, "lm-eval's versions")
         done = subprocess.run([str(env.python), "-c", "import lm_eval.evaluator, torch, transformers"],
                               capture_output=True, text=True, env=env.env(), timeout=600)
         if done.returncode != 0:
             raise SetupError(f"{root}: built, but lm_eval does not import: {done.stderr.strip().splitlines()[-1:]}")
-        (root / ".complete").write_text(json.dumps(versions, indent=1) + "\n")
         task.finish(f"built in {root}")
+        return versions
+
+    build_once(root, build)
     return env
 
 

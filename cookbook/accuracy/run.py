@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CookbookError
-from ..image import ImageEnv, cache_dir
+from ..image import ImageEnv, cache_dir, computed_key
 
 REFERENCE_CACHE = "accuracy-reference-v1"
 # Per task per sample: a generous ceiling on a shared 2-vCPU machine (at load average 50 a 200-sample run took 727 s).
@@ -140,13 +140,7 @@ class ReferenceScores:
     mtimes) plus each task's file hash and lm-eval's version."""
 
     def __init__(self, checkpoint: Path, env: ImageEnv) -> None:
-        identity = hashlib.sha256()
-        for path in sorted(Path(checkpoint).iterdir()) if Path(checkpoint).is_dir() else []:
-            if path.is_file():
-                stat = path.stat()
-                identity.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-        identity.update(str(env.python).encode())
-        self.identity = identity.hexdigest()
+        self.identity = computed_key(checkpoint, env)
         self.folder = cache_dir() / REFERENCE_CACHE
 
     def path(self, task_key: str, limit: int, seed: int, lm_eval_version: str) -> Path:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..image import ImageEnv, cache_dir
+from ..image import ImageEnv, cache_dir, computed_key
 from ._types import ReferenceError, RefScore, _now, _position
 
 FORWARD_SCRIPT = Path(__file__).parent.with_name("_reference_forward.py")
@@ -34,14 +34,7 @@ class ScoreCache:
     forward script, so a rebuilt checkpoint or image never reads another's scores."""
 
     def __init__(self, checkpoint: Path, image: ImageEnv) -> None:
-        identity = hashlib.sha256()
-        for path in sorted(Path(checkpoint).iterdir()) if Path(checkpoint).is_dir() else []:
-            if path.is_file():
-                stat = path.stat()
-                identity.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-        identity.update(str(image.python).encode())
-        identity.update(FORWARD_SCRIPT.read_bytes())
-        self.folder = cache_dir() / SCORE_CACHE / identity.hexdigest()[:24]
+        self.folder = cache_dir() / SCORE_CACHE / computed_key(checkpoint, image, FORWARD_SCRIPT.read_bytes())[:24]
 
     @staticmethod
     def key(prompt_ids: list[int], max_new_tokens: int, top_k: int) -> str:
