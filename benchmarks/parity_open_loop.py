@@ -29,17 +29,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from cookbook.bench import StreamRequest, arrival_offsets, parse_goodput, run_batch, run_open_loop, short_requests
 from cookbook.endpoint import Endpoint
-from cookbook.image import ImageEnv, cpu_image
+from cookbook.image import ImageEnv, cache_dir, cpu_image
 from cookbook.launch import attach
 from cookbook.recipes import load_recipe
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _vllm_bench import EmbeddedVllmBench  # noqa: E402
 from parity_vllm_bench import tokenizer_for  # noqa: E402
 
 DEFAULT_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -48,14 +48,8 @@ HEADLINE = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft
             "request_goodput")
 GUIDELLM = "guidellm==0.8.1"
 
-# Runs in the image, once: imports vLLM, then runs `vllm bench serve` (its own parser, its own data set) for every
-# job line on stdin, recording the prompts it sampled and when it let each request go, and answers with one line:
-# its result (per-request lists included), the prompts, the send offsets, the client CPU of the main run only.
-DRIVER = r"""
-import json, sys, time
-import vllm.benchmarks.serve as serve
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
+# vllm bench samples its own data set; the hooks record the prompts it sampled and when it let each request go.
+HOOKS = r"""
 recorded = {}
 original_samples = serve.get_samples
 def samples(args, tokenizer, **kw):
@@ -70,35 +64,17 @@ async def get_request(*a, **k):
         sends.append(time.perf_counter())
         yield item
 
-marks = []
-def timed(fn):
-    async def wrapper(*a, **k):
-        marks.append((time.process_time(), time.perf_counter()))
-        out = await fn(*a, **k)
-        marks.append((time.process_time(), time.perf_counter()))
-        return out
-    return wrapper
-
 serve.get_samples = samples
 serve.get_request = get_request
-serve.fetch_spec_decode_metrics = timed(serve.fetch_spec_decode_metrics)
-serve.fetch_diffusion_metrics = timed(serve.fetch_diffusion_metrics)
-parser = FlexibleArgumentParser()
-serve.add_cli_args(parser)
-print("COOKBOOK_READY", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    marks.clear()
+
+def prepare(job):
     recorded.clear()
-    result = serve.main(parser.parse_args(job["argv"]))
-    start, stop = marks[3], marks[4]
-    keep = {k: v for k, v in result.items() if k != "generated_texts"}
-    keep["client_cpu_s"] = stop[0] - start[0]
-    keep["client_wall_s"] = stop[1] - start[1]
+
+def finish(result, keep):
+    keep.update({k: v for k, v in result.items() if k != "generated_texts"})
     keep["prompts"] = recorded.get("prompts", [])
     sent = recorded.get("sent", [])
     keep["sent_offsets"] = [s - sent[0] for s in sent] if sent else []
-    print("COOKBOOK_RESULT " + json.dumps(keep), flush=True)
 """
 
 
@@ -106,46 +82,15 @@ class VllmBench:
     """`vllm bench serve` in one long-lived process of the image, each run given as its own argument list."""
 
     def __init__(self, image: ImageEnv) -> None:
-        env = image.env()
-        env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
-        self._folder = tempfile.TemporaryDirectory(prefix="cookbook-parity-open-")
-        self._log = open(Path(self._folder.name) / "vllm-bench.log", "w+")
-        self._proc = subprocess.Popen([str(image.python), "-c", DRIVER], env=env, cwd=self._folder.name, text=True,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
-        self._expect("COOKBOOK_READY")
-
-    def _expect(self, marker: str) -> str:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            if line.startswith(marker):
-                return line[len(marker):].strip()
-        self._log.seek(0)
-        tail = self._log.read().strip().splitlines()[-8:]
-        raise SystemExit("vllm bench serve failed:\n  " + "\n  ".join(tail))
+        self._bench = EmbeddedVllmBench(image, HOOKS, prefix="cookbook-parity-open-")
 
     def run(self, argv: list[str], timeout_s: float = 900.0) -> dict[str, Any]:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"argv": argv}) + "\n")
-        self._proc.stdin.flush()
-        watchdog = threading.Timer(timeout_s, self._proc.kill)
-        watchdog.start()
-        try:
-            data: dict[str, Any] = json.loads(self._expect("COOKBOOK_RESULT "))
-        finally:
-            watchdog.cancel()
+        data = self._bench.ask({"argv": argv}, timeout_s)
         data["load"] = os.getloadavg()[0]
         return data
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-        self._folder.cleanup()
+        self._bench.close()
 
 
 def common_args(endpoint: Endpoint, tokenizer: str) -> list[str]:
@@ -194,7 +139,7 @@ def summarize_pairs(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], ke
 
 def guidellm_python() -> tuple[Path | None, str]:
     """guidellm's venv in the cache, made on first use; (None, why) when it does not install."""
-    venv = Path.home() / ".cache" / "gaudi-cookbook" / "guidellm-0.8.1"
+    venv = cache_dir() / "guidellm-0.8.1"
     python = venv / "bin" / "python"
     if python.exists() and (venv / "bin" / "guidellm").exists():
         return python, "installed"
