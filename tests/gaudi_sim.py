@@ -20,12 +20,17 @@ layer's packages and dist-infos that the fix tool is pointed at with `--root`, a
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +55,7 @@ SKIP_REQUIREMENTS = {"torch", "torchaudio", "torchvision", "torchcodec", "intel-
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standins" / "habana_frameworks"
 REPRO = HERE / "repro_v0_26_0"
+ZYGOTE = HERE / "_repro_zygote.py"
 REPO = HERE.parent
 APPLY_ALL = REPO / "fixes" / "apply_all.py"
 UPSTREAM = SHARED / "upstream" / "vllm-gaudi-v0.26.0"
@@ -76,15 +82,20 @@ class SimImage:
     def site(self) -> Path:
         return self.root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
-    def run(self, argv: list[str], overlay: Path | None = None, timeout: float = 600,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run the image's interpreter (with `overlay` ahead of its site-packages when given)."""
+    def env(self, overlay: Path | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment every run in the image gets (with `overlay` ahead of its site-packages when given)."""
         full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         full.update({"HF_HUB_OFFLINE": "1", "VLLM_PLUGINS": "", "PYTHONDONTWRITEBYTECODE": "1"})
         if overlay is not None:
             full["PYTHONPATH"] = str(overlay)
         full.update(env or {})
-        return subprocess.run([str(self.python), *argv], capture_output=True, text=True, timeout=timeout, env=full)
+        return full
+
+    def run(self, argv: list[str], overlay: Path | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the image's interpreter (with `overlay` ahead of its site-packages when given)."""
+        return subprocess.run([str(self.python), *argv], capture_output=True, text=True, timeout=timeout,
+                              env=self.env(overlay, env))
 
     def repro(self, fix_id: str, overlay: Path | None = None, timeout: float = 600) -> dict:
         """Run `repro_v0_26_0/<fix>.py` in the image; it prints one JSON object as its last line of stdout. A run
@@ -94,13 +105,93 @@ class SimImage:
             return ahead.result()
         return self._repro(fix_id, overlay, timeout)
 
+    def zygote(self) -> "Zygote":
+        """The image's fork server for reproducer runs, started on first use (one per image and test session)."""
+        return _zygote(self)
+
     def _repro(self, fix_id: str, overlay: Path | None, timeout: float) -> dict:
         script = REPRO / f"{fix_id.replace('-', '_')}.py"
-        done = self.run([str(script)], overlay, timeout)
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            raise AssertionError(f"{script.name} failed (exit {done.returncode}): {done.stderr[-3000:]}")
+        returncode, stdout, stderr = self.zygote().run(script, overlay, timeout)
+        lines = stdout.strip().splitlines()
+        if returncode != 0 or not lines:
+            raise AssertionError(f"{script.name} failed (exit {returncode}): {stderr[-3000:]}")
         return json.loads(lines[-1])
+
+
+class Zygote:
+    """The reproducers' fork server in the image (tests/_repro_zygote.py): vLLM imported once, each run a forked
+    child of it, so a run costs its own work and not a fresh interpreter's 11 s of imports. Thread-safe: runs
+    from `run_ahead`'s pool go on at once, each in its own child."""
+
+    def __init__(self, image: SimImage) -> None:
+        self.image = image
+        self._folder = Path(tempfile.mkdtemp(prefix="cookbook-zygote-"))
+        self._lock = threading.Lock()
+        self._count = 0
+        self._proc = subprocess.Popen([str(image.python), str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=open(self._folder / "zygote.log", "w"), text=True, env=image.env())
+        assert self._proc.stdout is not None
+        ready = self._proc.stdout.readline()
+        if ready.strip() != "ZYGOTE_READY":
+            self._proc.kill()
+            log = (self._folder / "zygote.log").read_text()[-2000:]
+            raise AssertionError(f"the reproducers' fork server did not start: {ready.strip()} {log}")
+
+    def run(self, script: Path, overlay: Path | None, timeout: float) -> tuple[int, str, str]:
+        """Run `script` in a forked child; (exit code, stdout, stderr). Killed after `timeout` s."""
+        with self._lock:
+            self._count += 1
+            base = self._folder / f"{self._count:03d}-{script.stem}-{'patched' if overlay else 'pristine'}"
+            job = {"script": str(script), "overlay": str(overlay) if overlay else None, "site": str(self.image.site),
+                   "env": self.image.env(overlay), "stdout": f"{base}.out", "stderr": f"{base}.err", "rc": f"{base}.rc"}
+            assert self._proc.stdin is not None and self._proc.stdout is not None
+            self._proc.stdin.write(json.dumps(job) + "\n")
+            self._proc.stdin.flush()
+            answer = self._proc.stdout.readline()
+        if not answer:
+            raise AssertionError(f"the reproducers' fork server exited: {(self._folder / 'zygote.log').read_text()[-2000:]}")
+        pid = json.loads(answer)["pid"]
+        rc, deadline = Path(job["rc"]), time.monotonic() + timeout
+        while not rc.exists():
+            if not _alive(pid):
+                time.sleep(0.2)  # the rc file is renamed into place just before the child exits
+                if not rc.exists():
+                    return -1, Path(job["stdout"]).read_text(), Path(job["stderr"]).read_text() + "\n(the child died)"
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                raise AssertionError(f"{script.name} ran over {timeout:.0f} s and was killed")
+            time.sleep(0.05)
+        return int(rc.read_text()), Path(job["stdout"]).read_text(), Path(job["stderr"]).read_text()
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+_ZYGOTES: dict[Path, Zygote] = {}
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote(image: SimImage) -> Zygote:
+    with _ZYGOTE_LOCK:
+        if image.root not in _ZYGOTES:
+            _ZYGOTES[image.root] = Zygote(image)
+            atexit.register(_ZYGOTES[image.root].close)
+        return _ZYGOTES[image.root]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # Reproducer runs started ahead of the tests that read them: (fix id, overlay) -> its result.
@@ -108,8 +199,8 @@ _AHEAD: dict[tuple[str, str], Future] = {}
 
 
 def run_ahead(image: SimImage, runs: list[tuple[str, Path | None]], workers: int = 2) -> ThreadPoolExecutor:
-    """Start reproducer runs in the background, `workers` at a time (each is a fresh interpreter that spends most of
-    its time importing vLLM, on one core), in the order the tests will ask for them; `SimImage.repro` then waits for
+    """Start reproducer runs in the background, `workers` at a time (each a child of the fork server, on one core),
+    in the order the tests will ask for them; `SimImage.repro` then waits for
     a run instead of starting it. The caller shuts the pool down (pending runs cancelled) at the end of the session."""
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="repro-ahead")
     for fix_id, overlay_dir in runs:
