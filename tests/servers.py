@@ -45,6 +45,11 @@ QUIET_PACE_S_PER_TOKEN = {CPU_RECIPE: 0.02, HYBRID_RECIPE: 0.02, GEMMA_RECIPE: 0
 SESSION_SERVERS = {"smol", "hybrid"}  # shared by the whole session; every other server is one module's own
 AHEAD = 1  # background starts at a time: a start is three processes importing vLLM, mostly one core each
 MAX_ALIVE = 4  # servers up at once, at most, counting the ones starting
+# vLLM's CPU worker binds its OpenMP threads to one core, the same core for every server ("auto" takes core 0 on
+# this 2-vCPU machine): a server starting ahead then computes on the core the tests' server is serving on. Each test
+# server is given a core of its own choosing (the least taken, else not the last used server's) through this
+# variable, unless the environment or its spec already sets it. The recipes' own launches are left as they are.
+BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 AHEAD_MIN_FREE_GIB = 7.0  # a start ahead waits for this much available memory (a SmolLM2 server holds ~4.7 GB with
 #                           its 2 GiB KV pool, and vLLM refuses a pool the node cannot hold); a start a test waits for
 #                           never waits for memory
@@ -208,6 +213,8 @@ class Registry:
         self._order: list[str] = []  # first use, in the order the tests run
         self._users: dict[str, int] = {}  # tests still to run that need each server
         self._record: dict[str, dict[str, Any]] = {}
+        self._cores: dict[str, int] = {}  # the core each started server's worker is bound to (when the registry chose)
+        self._last_used: str | None = None
 
     # -- the plan ------------------------------------------------------------------------------------------------
 
@@ -272,6 +279,7 @@ class Registry:
                     continue
                 self._lock.wait(timeout=1.0)
         self._note_wait(name, time.time() - waited_from)
+        self._last_used = name
         self.look_ahead()
         return self._running[name]
 
@@ -363,8 +371,13 @@ class Registry:
             argv = [sys.executable, str(TESTS / "_serve.py"), json.dumps(launch)]
         # Its own process and session: the start reads the environment and modules that tests running meanwhile
         # change; the guard is told of it at once, and of the `vllm serve` session as soon as it runs.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        core = self._pick_core(spec)
+        if core is not None:
+            env[BIND_VAR] = str(core)
+            self._note(spec.name, core=core)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                                env=env, start_new_session=True)
         self.guard.add(proc.pid)
         sessions = {proc.pid}
         assert proc.stdout is not None
@@ -390,6 +403,21 @@ class Registry:
         running._drain = threading.Thread(target=_drain, args=(proc, running.cli_output), daemon=True)
         running._drain.start()
         return running
+
+    def _pick_core(self, spec: Spec) -> int | None:
+        """The core for a new server's worker: the one fewest live servers are bound to, and on a tie not the core of
+        the server a test used last (the one most likely serving while this one starts). None leaves vLLM's own
+        binding: one core only, or the variable already set."""
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2 or BIND_VAR in os.environ or BIND_VAR in spec.env:
+            return None
+        with self._lock:
+            live = set(self._running) | set(self._starting)
+            load = {core: sum(1 for name, bound in self._cores.items() if bound == core and name in live) for core in cores}
+            busy = self._cores.get(self._last_used) if self._last_used else None
+            core = min(cores, key=lambda c: (load[c], c == busy, c))
+            self._cores[spec.name] = core
+        return core
 
     def _stop_running(self, running: Running) -> list[int]:
         """SIGINT its launcher (the foreground path's own stop: SIGTERM to the server, SIGKILL after the grace)."""

@@ -16,7 +16,7 @@ import pytest
 
 from cookbook.launch import session_pids
 
-from servers import SPECS, Registry
+from servers import BIND_VAR, SPECS, Registry
 
 TESTS = Path(__file__).resolve().parent
 
@@ -104,3 +104,35 @@ def test_the_plan_counts_users_and_keeps_the_first_use_order(tmp_path: Path) -> 
 def test_every_spec_names_why_it_is_a_server_of_its_own() -> None:
     for spec in SPECS.values():
         assert spec.why, f"{spec.name}: say why this server exists"
+
+
+def test_each_new_server_is_bound_to_the_least_taken_core_and_not_the_busy_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BIND_VAR, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    registry = Registry(tmp_path)
+
+    def start(name: str) -> int | None:
+        core = registry._pick_core(SPECS[name])
+        registry._running[name] = None  # type: ignore[assignment]  # only its name counts here
+        return core
+
+    assert start("smol") == 0
+    assert start("hybrid") == 1  # the least taken
+    registry._last_used = "smol"
+    assert start("small-pool") == 1  # a tie: not the core of the server the tests are using
+    registry._running.pop("hybrid")
+    registry._last_used = "small-pool"
+    assert start("gemma") == 0  # hybrid's stop freed core 1, small-pool holds it: a tie, and core 1 is busy now
+    registry._running.clear()
+    registry.guard.close()
+
+
+def test_a_set_binding_or_one_core_leaves_vllms_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Registry(tmp_path)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
+    assert registry._pick_core(SPECS["smol"]) is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setenv(BIND_VAR, "1")
+    assert registry._pick_core(SPECS["smol"]) is None
+    registry.guard.close()
