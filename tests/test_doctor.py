@@ -280,3 +280,24 @@ def test_doctor_without_a_recipe_prints_the_box_not_ok(capsys: pytest.CaptureFix
     assert out[-1].startswith("this box: ") and "logical cores" in out[-1] and "images: " in out[-1]
     assert out[-1] != "this box: ok"
     assert code == (1 if any(x.startswith("FAIL") for x in out) else 0)
+
+
+@pytest.mark.parametrize(("flags", "state", "have"), [
+    ("fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile", "ok", "avx512_bf16, amx_bf16"),
+    ("fpu sse2 avx avx2 fma f16c", "warn", "avx2 only: bf16 is emulated"),
+    ("fpu sse2 avx avx2 avx512f avx512bw", "warn", "avx512f only: bf16 is emulated"),
+])
+def test_a_bf16_cpu_recipe_says_whether_this_host_computes_bf16_natively(flags: str, state: str, have: str) -> None:
+    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    got = doctor.cpu_dtype_line(recipe, f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n")
+    assert got is not None and got.state == state and got.have.startswith(have), got
+    assert got.what == "CPU bf16"
+
+
+def test_the_bf16_line_is_only_for_bf16_cpu_recipes() -> None:
+    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    fp32 = smol.model_copy(update={"serve": smol.serve.model_copy(update={"flags": {**smol.serve.flags, "dtype": "float32"}})})
+    assert doctor.cpu_dtype_line(fp32, "flags\t: avx2\n") is None
+    assert doctor.cpu_dtype_line(load_recipe("Qwen/Qwen3-Coder-Next"), "flags\t: avx2\n") is None
+    unknown = doctor.cpu_dtype_line(smol, "processor\t: 0\n")
+    assert unknown is not None and unknown.state == "skip"
