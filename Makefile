@@ -12,8 +12,8 @@ demo:            ## the main job: CPU server, every notebook headless, a report 
 test: setup browser  ## the whole test suite, real CPU servers and a real browser included
 	$(IN_ENV) python -m pytest -q
 
-unit:            ## tests that need no server and no simulated image (the quick loop)
-	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image"
+unit:            ## tests that need no server and no simulated image (the quick loop), on every core (pytest-xdist)
+	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto
 
 sim:             ## the v0.26.0 fixes' reproducers on the simulated vllm-gaudi image (built once in the cache)
 	$(IN_ENV) python -m pytest -q -m sim_image
