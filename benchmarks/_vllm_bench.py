@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cookbook.image import ImageEnv
+from cookbook.progress import end_by_eof
 
 _DRIVER = r"""
 import json, sys, time
@@ -87,12 +88,6 @@ class EmbeddedVllmBench:
         return data
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_by_eof(self._proc)
         self._log.close()
         self._folder.cleanup()

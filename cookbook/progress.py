@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 # How often a waiting producer reports though nothing changed, so that elapsed time keeps moving.
 HEARTBEAT_S = 1.0
@@ -177,6 +177,17 @@ def kill_session(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -
     except subprocess.TimeoutExpired:
         pass
     return killed
+
+
+def end_by_eof(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """End a child that serves jobs read from its stdin: close the stdin (its loop ends), wait `grace_s`, then kill."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run_reporting(

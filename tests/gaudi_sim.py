@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from cookbook.image import cache_dir, cache_lock
+from cookbook.progress import end_by_eof
 
 from shared_files import SHARED
 
@@ -165,12 +166,7 @@ class Zygote:
         return int(rc.read_text()), Path(job["stdout"]).read_text(), Path(job["stderr"]).read_text()
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        end_by_eof(self._proc)
         shutil.rmtree(self._folder, ignore_errors=True)
 
 
