@@ -29,7 +29,10 @@ def test_two_checkouts_sharing_one_environment_each_import_their_own_code(tmp_pa
     shutil.copytree(ROOT / "scripts", other / "scripts")
     shutil.copytree(ROOT / "cookbook", other / "cookbook", ignore=shutil.ignore_patterns("__pycache__"))
 
-    assert _imported_from(other) == (other / "cookbook" / "__init__.py").resolve()
-    # Running the other clone first must not re-point this checkout's commands at it, nor the other way round.
-    assert _imported_from(ROOT) == (ROOT / "cookbook" / "__init__.py").resolve()
-    assert _imported_from(other) == (other / "cookbook" / "__init__.py").resolve()
+    try:
+        assert _imported_from(other) == (other / "cookbook" / "__init__.py").resolve()
+        # Running the other clone first must not re-point this checkout's commands at it, nor the other way round.
+        assert _imported_from(ROOT) == (ROOT / "cookbook" / "__init__.py").resolve()
+        assert _imported_from(other) == (other / "cookbook" / "__init__.py").resolve()
+    finally:  # in-env.sh re-pointed the shared Jupyter kernel at the temporary clone: point it back here
+        _imported_from(ROOT)
