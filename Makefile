@@ -9,8 +9,11 @@ IN_ENV := scripts/in-env.sh
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
 
-test: setup browser  ## the whole test suite, real CPU servers and a real browser included
-	$(IN_ENV) python -m pytest -q
+test: setup browser  ## the whole test suite, real CPU servers and a real browser included: the unit tests on every core, then the rest
+	@status=0; \
+	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto || status=$$?; \
+	$(IN_ENV) python -m pytest -q -m "integration or sim_image" || status=$$?; \
+	exit $$status
 
 unit:            ## tests that need no server and no simulated image (the quick loop), on every core (pytest-xdist)
 	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto

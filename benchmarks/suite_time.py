@@ -94,11 +94,15 @@ def table(path: Path, wall_s: float | None = None, load: str = "") -> str:
     return "\n".join(lines)
 
 
+# What `make test` runs (the Makefile): the unit tests on every core, then the rest in one process.
+MAKE_TEST_RUNS = [["-m", "not integration and not sim_image", "-n", "auto"], ["-m", "integration or sim_image"]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, help="print the table of an earlier run's times file")
     parser.add_argument("--times", type=Path, help="where to write this run's times (default a temporary file)")
-    parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite)")
+    parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite, as `make test` runs it)")
     args = parser.parse_args()
     if args.source:
         if not args.source.is_file():
@@ -109,8 +113,10 @@ def main() -> int:
     times.write_text("")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.monotonic()
-    code = subprocess.call([sys.executable, "-m", "pytest", "-q", *args.pytest_args], cwd=REPO,
-                           env={**os.environ, "COOKBOOK_TEST_TIMES": str(times)})
+    env = {**os.environ, "COOKBOOK_TEST_TIMES": str(times)}
+    runs = [args.pytest_args] if args.pytest_args else MAKE_TEST_RUNS
+    codes = [subprocess.call([sys.executable, "-m", "pytest", "-q", *run], cwd=REPO, env=env) for run in runs]
+    code = next((c for c in codes if c), 0)
     wall = time.monotonic() - started
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(table(times, wall, f"{load_before} / {load_after}"))

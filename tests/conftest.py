@@ -98,7 +98,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     times = os.environ.get("COOKBOOK_TEST_TIMES")
-    if not times:
+    if not times or os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist the controller logs every worker's reports
         return
     record = {"test": report.nodeid, "phase": report.when, "duration": round(report.duration, 3),
               "outcome": report.outcome, "at": time.time(),
