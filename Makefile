@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
 
-.PHONY: demo test test-fast unit sim lock setup hooks lint notebooks-sync lab browser
+.PHONY: demo test test-lanes test-fast unit sim lock setup hooks lint notebooks-sync lab browser
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
@@ -13,6 +13,12 @@ test: setup browser  ## the whole test suite, real CPU servers and a real browse
 	@status=0; \
 	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto || status=$$?; \
 	$(IN_ENV) python -m pytest -q -m "integration or sim_image" || status=$$?; \
+	exit $$status
+
+test-lanes: setup browser  ## as `make test`, but the second run split in two lanes at once (tests/lanes.py; not yet measured on a full run)
+	@status=0; \
+	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto || status=$$?; \
+	$(IN_ENV) scripts/test-lanes.sh 2 -m "integration or sim_image" || status=$$?; \
 	exit $$status
 
 unit:            ## tests that need no server and no simulated image (the quick loop), on every core (pytest-xdist)

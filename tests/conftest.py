@@ -18,6 +18,7 @@ import pytest
 from cookbook.endpoint import Endpoint
 from cookbook.recipes import Recipe, load_recipe
 
+from lanes import assign, lane_limits, parse_lane
 from servers import CPU_RECIPE, HYBRID_RECIPE, SESSION_SERVERS, Registry, Running, registry_server, uses_server
 
 REGISTRY_KEY = pytest.StashKey[Registry]()
@@ -43,6 +44,9 @@ def _servers_of(item: pytest.Item) -> list[str]:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--lane", default=None, metavar="K/N",
+                     help="run only lane K of N (tests/lanes.py: each server in one lane, its workers on the lane's "
+                          "core); scripts/test-lanes.sh runs all N at once")
     parser.addoption("--tier", choices=("all", "fast"), default="all",
                      help="fast: the unit tests and those on the session's shared servers only (no server of a test's "
                           "own, no simulated image, no browser): `make test-fast`; all (default): everything, as "
@@ -58,7 +62,16 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "built once in the cache from ../shared/upstream and the package index")
     times = os.environ.get("COOKBOOK_TEST_TIMES")
     base = Path(config._tmp_path_factory.getbasetemp()) / "servers"  # type: ignore[attr-defined]
-    config.stash[REGISTRY_KEY] = Registry(base, Path(times) if times else None)
+    lane = config.getoption("lane")
+    if lane:
+        try:
+            k, n = parse_lane(lane)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        max_alive, cores = lane_limits(k, n, sorted(os.sched_getaffinity(0)))
+        config.stash[REGISTRY_KEY] = Registry(base, Path(times) if times else None, max_alive, cores)
+    else:
+        config.stash[REGISTRY_KEY] = Registry(base, Path(times) if times else None)
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the plan is of the tests that will run
@@ -75,6 +88,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     def module_of(item: pytest.Item) -> str:
         return getattr(getattr(item, "module", None), "__name__", "")
+
+    lane = config.getoption("lane")
+    if lane:
+        k, n = parse_lane(lane)
+        lanes = assign([(item.nodeid, module_of(item), needs[item.nodeid]) for item in items], n)
+        others = [item for item in items if lanes[item.nodeid] != k]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = [item for item in items if lanes[item.nodeid] == k]
 
     with_servers = {module_of(item) for item in items if needs[item.nodeid] or item.get_closest_marker("integration")}
     order = {id(item): i for i, item in enumerate(items)}

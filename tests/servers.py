@@ -201,9 +201,12 @@ class _Guard:
 class Registry:
     """Every server of one test session, started once, ahead of use, stopped after its last user."""
 
-    def __init__(self, base_dir: Path, times: Path | None = None) -> None:
+    def __init__(self, base_dir: Path, times: Path | None = None, max_alive: int = MAX_ALIVE,
+                 cores: list[int] | None = None) -> None:
         self.base_dir = base_dir
         self.times = times
+        self.max_alive = max_alive  # a lane of a run split in lanes (tests/lanes.py) holds fewer
+        self.cores = cores  # the cores this registry's servers may bind to (default: every core this process may use)
         self.guard = _Guard()
         self._lock = threading.Condition()
         self._running: dict[str, Running] = {}
@@ -234,10 +237,10 @@ class Registry:
         return self._users.get(name, 0) > 0
 
     def look_ahead(self) -> None:
-        """Start, in the background, the next servers the plan needs (at most AHEAD starting, MAX_ALIVE up)."""
+        """Start, in the background, the next servers the plan needs (at most AHEAD starting, max_alive up)."""
         with self._lock:
             for name in self._order:
-                if len(self._starting) >= AHEAD or len(self._running) + len(self._starting) >= MAX_ALIVE:
+                if len(self._starting) >= AHEAD or len(self._running) + len(self._starting) >= self.max_alive:
                     return
                 if _available_gib() < AHEAD_MIN_FREE_GIB:
                     return
@@ -408,8 +411,9 @@ class Registry:
         """The core for a new server's worker: the one fewest live servers are bound to, and on a tie not the core of
         the server a test used last (the one most likely serving while this one starts). None leaves vLLM's own
         binding: one core only, or the variable already set."""
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2 or BIND_VAR in os.environ or BIND_VAR in spec.env:
+        allowed = sorted(os.sched_getaffinity(0))
+        cores = [c for c in self.cores if c in allowed] if self.cores is not None else allowed
+        if len(allowed) < 2 or not cores or BIND_VAR in os.environ or BIND_VAR in spec.env:
             return None
         with self._lock:
             live = set(self._running) | set(self._starting)
