@@ -291,6 +291,22 @@ def metric_value(metrics: list[Metric], name: str, **labels: str) -> float | Non
     return sum(found) if found else None
 
 
+# The server's prefill pace is read once it has computed this many prompt tokens: fewer say too little.
+PACE_MIN_TOKENS = 500
+
+
+def prefill_pace_from_metrics(metrics: list[Metric]) -> float | None:
+    """Seconds per computed prompt token over the server's life so far (vLLM's request_prefill_time_seconds sum over
+    request_prefill_kv_computed_tokens sum): how fast this server prefills here, on this host and under its load.
+    Requests prefilled together each count their whole prefill time, so a batch reads slower: a deadline from it errs
+    long. None before PACE_MIN_TOKENS tokens, or without the series."""
+    seconds = metric_value(metrics, "vllm:request_prefill_time_seconds_sum")
+    tokens = metric_value(metrics, "vllm:request_prefill_kv_computed_tokens_sum")
+    if seconds is None or tokens is None or tokens < PACE_MIN_TOKENS or seconds <= 0:
+        return None
+    return seconds / tokens
+
+
 def kv_pool_from_metrics(metrics: list[Metric]) -> int | None:
     """KV pool size in tokens from vllm:cache_config_info (kv_cache_size_tokens, or blocks x block size)."""
     for m in metrics:

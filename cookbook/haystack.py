@@ -291,8 +291,28 @@ def chat_prompt_ids(endpoint: Endpoint, messages: list[dict[str, str]]) -> list[
     return [int(t) for t in _tokenize(endpoint, {"messages": messages, "add_generation_prompt": True})["tokens"]]
 
 
-def request_timeout(base_s: float, prompt_tokens: int) -> float:
-    return base_s + prompt_tokens * SECONDS_PER_PROMPT_TOKEN
+# A long request's deadline allows this many times the server's measured prefill pace (when it is known).
+PACE_HEADROOM = 4.0
+
+
+def request_timeout(base_s: float, prompt_tokens: int, pace_s_per_token: float | None = None) -> float:
+    """The base timeout plus each prompt token's share: SECONDS_PER_PROMPT_TOKEN, or PACE_HEADROOM times the server's
+    measured prefill pace when that is slower (a host without native bf16, a loaded machine): never a fixed bar a
+    slow but working server cannot meet."""
+    per_token = SECONDS_PER_PROMPT_TOKEN
+    if pace_s_per_token is not None:
+        per_token = max(per_token, PACE_HEADROOM * pace_s_per_token)
+    return base_s + prompt_tokens * per_token
+
+
+def prime_prefill_pace(endpoint: Endpoint, sentences: int = 60, timeout_s: float = 600.0) -> int:
+    """One cold prompt of filler (a fresh salt first, so nothing of it is cached) with one output token, so that a
+    fresh server's /metrics hold a prefill pace (endpoint.prefill_pace_from_metrics) before its first long request.
+    Returns the prompt tokens it prefilled."""
+    prompt = f"{new_salt()} {filler_text(new_salt(), sentences)}"
+    answer = endpoint.post("/v1/completions", {"model": endpoint.model, "prompt": prompt, "max_tokens": 1,
+                                               "temperature": 0.0}, timeout_s=timeout_s)
+    return int((answer.get("usage") or {}).get("prompt_tokens") or 0)
 
 
 def ask(endpoint: Endpoint, body: dict[str, Any], timeout_s: float) -> Answer:

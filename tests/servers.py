@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cookbook.endpoint import Endpoint
+from cookbook.haystack import prime_prefill_pace
 from cookbook.launch import attach, free_port, launch_flags, session_pids
 from cookbook.recipes import REPO_ROOT, Recipe, load_recipe
 
@@ -405,6 +406,12 @@ class Registry:
                           ready_line=seen[-1], cli_output=seen, sessions=sessions, run_dir=run_dir)
         running._drain = threading.Thread(target=_drain, args=(proc, running.cli_output), daemon=True)
         running._drain.start()
+        # A fresh server's /metrics hold no prefill pace yet, so its first long request would get the fixed
+        # per-token allowance; one cold prompt of ~700 tokens gives the checks its real pace (cookbook.haystack).
+        try:
+            prime_prefill_pace(running.endpoint)
+        except Exception as exc:  # the server still serves; its checks then use the fixed allowance
+            running.cli_output.append(f"(the prefill-pace prompt failed: {exc})\n")
         return running
 
     def _pick_core(self, spec: Spec) -> int | None:

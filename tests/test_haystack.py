@@ -99,3 +99,31 @@ def test_a_haystack_shorter_than_its_frame_is_refused(cpu_server: Endpoint) -> N
 
     with pytest.raises(CookbookError, match="shorter than its own prompt frame"):
         build_haystack(cpu_server, 20, 0.5, make_needle(0), seed=0)
+
+
+def test_a_long_requests_deadline_follows_the_servers_measured_prefill_pace() -> None:
+    from cookbook.endpoint import PACE_MIN_TOKENS, parse_metrics, prefill_pace_from_metrics
+    from cookbook.haystack import PACE_HEADROOM, SECONDS_PER_PROMPT_TOKEN, request_timeout
+
+    def metrics(seconds: float, tokens: int) -> list:
+        return parse_metrics(f'vllm:request_prefill_time_seconds_sum{{engine="0"}} {seconds}\n'
+                             f'vllm:request_prefill_kv_computed_tokens_sum{{engine="0"}} {tokens}\n')
+
+    slow = prefill_pace_from_metrics(metrics(65.8, 2691))  # measured: bf16 emulated on an AVX2-only host
+    assert slow == pytest.approx(65.8 / 2691)
+    assert request_timeout(60, 7600, slow) == pytest.approx(60 + 7600 * PACE_HEADROOM * slow)  # 804 s, not 136 s
+    fast = prefill_pace_from_metrics(metrics(1.0, 3500))
+    assert request_timeout(60, 7600, fast) == request_timeout(60, 7600) == 60 + 7600 * SECONDS_PER_PROMPT_TOKEN
+    assert prefill_pace_from_metrics(metrics(5.0, PACE_MIN_TOKENS - 1)) is None  # too little said yet
+    assert prefill_pace_from_metrics(parse_metrics("vllm:prompt_tokens_total 5000\n")) is None
+
+
+def test_the_run_takes_the_pace_from_the_servers_metrics_at_its_start() -> None:
+    from cookbook.checks import CheckContext
+    from cookbook.checks.registry import RunStart
+    from cookbook.endpoint import Endpoint
+
+    ctx = CheckContext(Endpoint("http://127.0.0.1:9", "m"), request_timeout_s=60)
+    assert ctx.prompt_timeout(1000) == pytest.approx(70.0)  # no run start: the fixed allowance
+    ctx.run_start = RunStart(True, prefill_s_per_token=0.025)
+    assert ctx.prompt_timeout(1000) == pytest.approx(160.0) and ctx.prefill_pace == 0.025

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ServerError
-from ..haystack import request_timeout, server_max_model_len, sliding_windows
+from ..haystack import server_max_model_len, sliding_windows
 from ..recipes import OracleTolerance
 from ..reference import (
     GoldenReference,
@@ -294,7 +294,7 @@ def oracle(ctx: CheckContext) -> CheckOutcome:
 
     comparisons: list[PromptComparison] = []
     for prompt in prompts:
-        timeout = request_timeout(ctx.request_timeout_s, len(prompt.prompt_ids)) * 2
+        timeout = ctx.prompt_timeout(len(prompt.prompt_ids)) * 2
         try:
             served = complete_with_logprobs(ctx.endpoint, prompt.prompt_ids, max_new, top_k, timeout)
         except ServerError as exc:

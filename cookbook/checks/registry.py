@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..endpoint import Deadline, Endpoint, kv_pool_from_metrics, metric_value
+from ..endpoint import Deadline, Endpoint, kv_pool_from_metrics, metric_value, prefill_pace_from_metrics
 from ..errors import CookbookError, RequestFailed, RequestTimeout, ServerDown
+from ..haystack import request_timeout
 from ..progress import Progress, Task
 from ..recipes import Recipe
 from ..results import CheckResult, Evidence, Hardware, RunResults, Status, now, run_hardware
@@ -22,6 +23,7 @@ class RunStart:
     healthy: bool
     process_start_time: float | None = None
     kv_pool_tokens: int | None = None
+    prefill_s_per_token: float | None = None  # the server's measured prefill pace (endpoint.prefill_pace_from_metrics)
 
 
 def snapshot_server(endpoint: Endpoint) -> RunStart:
@@ -32,7 +34,8 @@ def snapshot_server(endpoint: Endpoint) -> RunStart:
         metrics = endpoint.metrics()
     except CookbookError:  # a server without /metrics still gets checked; server-health says what is missing
         return RunStart(healthy=True)
-    return RunStart(True, metric_value(metrics, "process_start_time_seconds"), kv_pool_from_metrics(metrics))
+    return RunStart(True, metric_value(metrics, "process_start_time_seconds"), kv_pool_from_metrics(metrics),
+                    prefill_pace_from_metrics(metrics))
 
 
 class CheckInconclusive(CookbookError):
@@ -85,6 +88,16 @@ class CheckContext:
         if self.task is not None:
             name = self.task.detail.split(":", 1)[0]
             self.task.update(f"{name}: {detail}")
+
+    @property
+    def prefill_pace(self) -> float | None:
+        """Seconds per prompt token the server has prefilled at so far, as its /metrics said when the run started."""
+        return self.run_start.prefill_s_per_token if self.run_start else None
+
+    def prompt_timeout(self, prompt_tokens: int, base_s: float | None = None) -> float:
+        """A deadline for one request of `prompt_tokens` (haystack.request_timeout), stretched by the server's
+        measured prefill pace when it is slower than the fixed allowance."""
+        return request_timeout(self.request_timeout_s if base_s is None else base_s, prompt_tokens, self.prefill_pace)
 
     @property
     def max_tokens(self) -> int:
