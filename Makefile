@@ -3,6 +3,8 @@
 # ($COOKBOOK_CACHE, default ~/.cache/gaudi-cookbook), outside the checkout.
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
+# The tests that need no server and no simulated image, on every core (pytest-xdist): `make unit`, and the first run of `make test`
+UNIT_RUN := $(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto
 
 .PHONY: demo test test-lanes test-fast unit sim lock setup hooks lint notebooks-sync lab browser
 
@@ -11,18 +13,18 @@ demo:            ## the main job: CPU server, every notebook headless, a report 
 
 test: setup browser  ## the whole test suite, real CPU servers and a real browser included: the unit tests on every core, then the rest
 	@status=0; \
-	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto || status=$$?; \
+	$(UNIT_RUN) || status=$$?; \
 	$(IN_ENV) python -m pytest -q -m "integration or sim_image" || status=$$?; \
 	exit $$status
 
 test-lanes: setup browser  ## as `make test`, but the second run split in two lanes at once (tests/lanes.py; not yet measured on a full run)
 	@status=0; \
-	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto || status=$$?; \
+	$(UNIT_RUN) || status=$$?; \
 	$(IN_ENV) scripts/test-lanes.sh 2 -m "integration or sim_image" || status=$$?; \
 	exit $$status
 
 unit:            ## tests that need no server and no simulated image (the quick loop), on every core (pytest-xdist)
-	$(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto
+	$(UNIT_RUN)
 
 sim:             ## the v0.26.0 fixes' reproducers on the simulated vllm-gaudi image (built once in the cache)
 	$(IN_ENV) python -m pytest -q -m sim_image

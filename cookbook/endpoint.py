@@ -331,6 +331,9 @@ class Endpoint:
     _http: httpx2.Client | None = field(default=None, repr=False, compare=False)
     _auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
     budget: Deadline | None = field(default=None, repr=False, compare=False)  # the run's, caps every request
+    # seconds per prompt token this server prefills at, from its /metrics when a run starts (a long request's
+    # deadline stretches by it: haystack.request_timeout); None until a run has read it
+    prefill_pace: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The URL shown and written everywhere carries no credentials; they are kept aside for the requests.

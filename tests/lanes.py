@@ -13,7 +13,7 @@ lanes share the machine's cores and memory.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 SESSION_GROUP = ("smol", "hybrid")
 FIRST_LANE_ALIVE = 3  # the session's two servers and one module's own
@@ -96,6 +96,3 @@ def lane_limits(lane: int, lanes: int, cores: Sequence[int]) -> tuple[int, list[
         return 4, list(cores)
     return alive, [sorted(cores)[(lane - 1) % len(cores)]]
 
-
-def split_counts(assigned: Mapping[str, int], lanes: int) -> list[int]:
-    return [sum(1 for lane in assigned.values() if lane == k) for k in range(1, lanes + 1)]

@@ -295,7 +295,6 @@ def probe_needles(
     digits: int = DEFAULT_DIGITS,
     progress: Callable[[str], None] | None = None,
     judge: NeedleJudge | None = None,
-    pace_s_per_token: float | None = None,
 ) -> tuple[NeedleGrid, list[Evidence]]:
     """Every cell cold, judged by `judge` (without one: text against tokens, then the planted needle); evidence for
     every failed cell and every cell that was not cold (a miss says how far before the question its needle sat, and
@@ -313,7 +312,7 @@ def probe_needles(
             needle = make_needle(cell_seed, digits)
             haystack = build_haystack(endpoint, length, depth, needle, seed=cell_seed)
             body = request_body(endpoint, haystack.messages, new_salt(), max_tokens, logprobs=True, token_ids=True)
-            timeout = request_timeout(timeout_s, haystack.prompt_tokens, pace_s_per_token)
+            timeout = request_timeout(timeout_s, haystack.prompt_tokens, endpoint.prefill_pace)
             logprobs_error = None
             try:
                 answer = ask(endpoint, body, timeout)
@@ -446,7 +445,6 @@ def needles(ctx: CheckContext) -> CheckOutcome:
         digits=digits,
         progress=ctx.report,
         judge=judge,
-        pace_s_per_token=ctx.prefill_pace,
     )
     details = grid.model_dump()
     if judge.asked:

@@ -211,6 +211,7 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Progress |
     recipe = ctx.recipe
     budget = ctx.endpoint.budget
     ctx.run_start = snapshot_server(ctx.endpoint)
+    ctx.endpoint.prefill_pace = ctx.run_start.prefill_s_per_token
     results = RunResults(
         recipe=recipe.id if recipe else "(none)",
         model=ctx.endpoint.model,

@@ -187,7 +187,6 @@ def prefix_cache(ctx: CheckContext) -> CheckOutcome:
         referee=referee,
         progress=ctx.report,
         new_salt_on="every" if ctx.params.get("new_salt_on") == "every" else "shortest",
-        pace_s_per_token=ctx.prefill_pace,
     )
     report.defaults = derived
     text = result_text(report)

@@ -183,7 +183,6 @@ def probe_prompt(
     referee: Referee | None = None,
     strict: bool = False,
     check_salt: bool = True,
-    pace_s_per_token: float | None = None,
 ) -> tuple[PromptReport, dict[str, Any]]:
     """Cold, then the same salted request until the first that should hit, then (`check_salt`) the same prompt
     under a new salt; returns the report and the request."""
@@ -191,7 +190,7 @@ def probe_prompt(
     haystack = build_haystack(endpoint, target_tokens, NEEDLE_DEPTH, make_needle(cell), seed=cell)
     salt = new_salt()
     body = request_body(endpoint, haystack.messages, salt, max_tokens, token_ids=True)
-    timeout = request_timeout(timeout_s, haystack.prompt_tokens, pace_s_per_token)
+    timeout = request_timeout(timeout_s, haystack.prompt_tokens, endpoint.prefill_pace)
     answers: list[Answer] = []
     deltas: list[float | None] = []
     for _ in range(layout.hits_from_request):
@@ -314,7 +313,6 @@ def probe_prefix_cache(
     referee: Referee | None = None,
     progress: Callable[[str], None] | None = None,
     new_salt_on: Literal["shortest", "every"] = "shortest",
-    pace_s_per_token: float | None = None,
 ) -> tuple[PrefixCacheReport, list[Evidence]]:
     """Run the probe on prompts of the given lengths (in this model's tokens); evidence for each failing prompt
     (and for each departure on a near-tie, so a reader sees both runs' top-k and the reference's margin there).
@@ -329,8 +327,7 @@ def probe_prefix_cache(
         if progress:
             progress(f"prompt {number}/{len(prompt_tokens)} ({target:,} tokens)")
         report, body = probe_prompt(endpoint, target, layout, max_tokens, timeout_s, seed, tol, referee,
-                                    strict=logprobs == "bit-identical", check_salt=target in salted,
-                                    pace_s_per_token=pace_s_per_token)
+                                    strict=logprobs == "bit-identical", check_salt=target in salted)
         _judge(report, logprobs, allowed, shown)
         reports.append(report)
         if report.problems or report.ties:
