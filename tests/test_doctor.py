@@ -288,10 +288,19 @@ def test_doctor_without_a_recipe_prints_the_box_not_ok(capsys: pytest.CaptureFix
     ("fpu sse2 avx avx2 avx512f avx512bw", "warn", "avx512f only: bf16 is emulated"),
 ])
 def test_a_bf16_cpu_recipe_says_whether_this_host_computes_bf16_natively(flags: str, state: str, have: str) -> None:
-    recipe = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    recipe = smol.model_copy(update={"serve": smol.serve.model_copy(update={"without_native_bf16": {}})})
     got = doctor.cpu_dtype_line(recipe, f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n")
     assert got is not None and got.state == state and got.have.startswith(have), got
     assert got.what == "CPU bf16"
+
+
+def test_a_bf16_cpu_recipe_with_a_fallback_says_what_it_serves_on_a_host_without_bf16() -> None:
+    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    got = doctor.cpu_dtype_line(smol, "flags\t: fpu avx avx2 fma\n")
+    assert got is not None and got.state == "ok" and "serves --dtype float32 here" in got.have, got
+    native = doctor.cpu_dtype_line(smol, "flags\t: avx2 avx512f avx512_bf16\n")
+    assert native is not None and native.state == "ok" and native.have == "avx512_bf16"
 
 
 def test_the_bf16_line_is_only_for_bf16_cpu_recipes() -> None:

@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from cookbook.errors import RecipeError
+from cookbook.image import native_bf16
+from cookbook.launch import host_flags
 from cookbook.recipes import (
     RECIPES_DIR,
     list_recipes,
@@ -105,6 +107,9 @@ BAD_RECIPES = [
     ("env bool", _set("environment", {"FLAG": True}), "environment.FLAG must be a string or number"),
     ("active > total", _set("model.params_active", 1e12), "params_active must not exceed params_total"),
     ("caching on without block", _delete("prefix_caching.block_size"), "block_size is required"),
+    ("bf16 fallback on a gaudi image", _set("serve.without_native_bf16", {"dtype": "float32"}),
+     "serve.without_native_bf16 is for vllm-cpu recipes"),
+    ("bf16 fallback flag with dashes", _set("serve.without_native_bf16", {"--dtype": "float32"}), "must be written without dashes"),
 ]
 
 
@@ -182,3 +187,15 @@ def test_serve_argv_resolves_placeholders_and_is_a_list(tmp_path: Path) -> None:
     assert Path(template).is_file()
     assert argv[-2:] == ["--port", "9999"]
     assert "--no-enable-prefix-caching" in serve_argv(load_recipe("Qwen/Qwen-AgentWorld-35B-A3B"))
+
+
+def test_a_cpu_recipe_serves_its_bf16_fallback_only_on_a_host_without_native_bf16() -> None:
+    smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert smol.serve.flags["dtype"] == "bfloat16" and smol.serve.without_native_bf16 == {"dtype": "float32"}
+    assert host_flags(smol, native=False) == {"dtype": "float32"}
+    assert host_flags(smol, native=True) == {}
+    gaudi = load_recipe("Qwen/Qwen3-Coder-Next")
+    assert host_flags(gaudi, native=False) == {}
+    assert native_bf16("flags\t: fpu avx2 amx_bf16 amx_tile\n") is True
+    assert native_bf16("flags\t: fpu avx2 avx512f\n") is False
+    assert native_bf16("processor\t: 0\n") is None  # unknown: the recipe's own flags
