@@ -101,6 +101,10 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in [
     Spec("smol", CPU_RECIPE, attach_var="COOKBOOK_TEST_BASE_URL", why="the session's SmolLM2 CPU recipe"),
     Spec("hybrid", HYBRID_RECIPE, attach_var="COOKBOOK_TEST_HYBRID_URL", via_cli=True,
          why="the session's tiny Qwen3-Next hybrid, started by `cookbook serve` (tests/test_launch.py's Ctrl-C stops it)"),
+    # The suite's longest test (800 loglikelihood requests, prompt logprobs, so no prefix-cache hit: 13 min on an
+    # AVX2-only host) on a SmolLM2 of its own, so a lane of its own can run it beside the session's tests.
+    Spec("accuracy", CPU_RECIPE, attach_var="COOKBOOK_TEST_ACCURACY_URL",
+         why="the SmolLM2 CPU recipe as it launches, for the clean task-accuracy run alone"),
     Spec("small-pool", CPU_RECIPE, flags=lambda r: launch_flags(r, "engine-states"),
          why="a small KV pool and small prefill chunks: preemption and chunked prefill"),
     Spec("batch-defect", CPU_RECIPE, env=BATCH_DEFECT_ENV, attach_var="COOKBOOK_TEST_BATCHDEFECT_URL",

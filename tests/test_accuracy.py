@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from cookbook.checks.accuracy import LABEL, judge
 from cookbook.endpoint import Endpoint
 from cookbook.errors import CookbookError
 from cookbook.recipes import AccuracyExpectation, Recipe, load_recipe
+
+from servers import Registry, registry_server, uses_server
 
 TASK = "cookbook_mc"
 
@@ -157,10 +160,19 @@ def test_a_recipe_without_tasks_does_not_apply_and_says_why(cpu_recipe: Recipe) 
 # -- the real CPU server ---------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+@uses_server("accuracy")
+def accuracy_server(servers: Registry) -> Iterator[Endpoint]:
+    """The clean SmolLM2 recipe on a server of its own (tests/servers.py says why)."""
+    for running in registry_server(servers, "accuracy"):
+        yield running.endpoint
+
+
 @pytest.mark.integration
-def test_the_clean_cpu_server_passes_task_accuracy(cpu_server: Endpoint, cpu_recipe: Recipe) -> None:
+def test_the_clean_cpu_server_passes_task_accuracy(accuracy_server: Endpoint, cpu_recipe: Recipe) -> None:
     started = time.monotonic()
-    result = run_checks(CheckContext(cpu_server, cpu_recipe, request_timeout_s=120), ["task-accuracy"]).check("task-accuracy")
+    ctx = CheckContext(accuracy_server, cpu_recipe, request_timeout_s=120)
+    result = run_checks(ctx, ["task-accuracy"]).check("task-accuracy")
     assert result is not None
     print(f"\ntask-accuracy on clean SmolLM2: {time.monotonic() - started:.1f} s: {result.result}")
     assert result.status == "pass", [result.result, *(e.note for e in result.evidence)]
