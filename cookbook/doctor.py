@@ -25,7 +25,7 @@ from .container import default_hf_cache
 from .errors import CookbookError
 from .fixpack import FixPack, load_pack
 from .image import BF16_NATIVE, ImageEnv, cache_dir, cpu_flags, cpu_image, cpu_image_dir, cpu_image_ready, system_image
-from .launch import _port_in_use
+from .launch import _port_in_use, fallback_words
 from .recipes import Recipe
 
 State = Literal["ok", "warn", "FAIL", "skip", "info"]
@@ -434,10 +434,10 @@ def cpu_dtype_line(recipe: Recipe, cpuinfo: str | None = None) -> Line | None:
         return Line("ok", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe", ", ".join(native))
     isa = "avx512f" if "avx512f" in flags else "avx2" if "avx2" in flags else "no AVX2"
     fallback = recipe.serve.without_native_bf16
-    if fallback:
-        shown = " ".join(f"--{name} {value}" for name, value in fallback.items())
+    if fallback is not None:
         return Line("ok", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe",
-                    f"{isa} only: bf16 would be emulated, so the launcher serves {shown} here (serve.without_native_bf16)")
+                    f"{isa} only: bf16 would be emulated, so the launcher serves {fallback_words(fallback)} here "
+                    f"(serve.without_native_bf16)")
     return Line("warn", "CPU bf16", "AVX-512 BF16 or AMX for a bf16 recipe",
                 f"{isa} only: bf16 is emulated, prefill several times slower (measured on an AVX2-only host: 41 tokens/s "
                 f"for SmolLM2, 171 in fp32; docs/measurements.md); results stay valid, deadlines stretch")

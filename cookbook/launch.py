@@ -203,19 +203,19 @@ class Server:
             ensure_model(recipe.serve.weights.prepare, image, progress=self.progress)
             models = models_dir()
 
+        on_host = host_fallback(recipe)
+        environment = {**recipe.environment, **(on_host.environment if on_host else {})}
         env = image.env()
-        env.update(recipe.environment)
+        env.update(environment)
         env["COOKBOOK"] = str(recipes_mod.REPO_ROOT)
         if models is not None:
             env["COOKBOOK_MODELS"] = str(models)
         assert self.port is not None  # chosen by start()
-        on_host = host_flags(recipe)
+        host_flags = dict(on_host.flags) if on_host else {}
         if on_host:
-            shown = " ".join(f"--{name} {value}" for name, value in on_host.items() if name not in self.extra_flags)
-            if shown:
-                self.say(f"this CPU has no native bf16 (AVX-512 BF16 or AMX): serving with {shown} "
-                         f"(the recipe's serve.without_native_bf16)")
-        flags = {**on_host, **self.extra_flags, "host": self.host, "port": self.port}
+            self.say(f"this CPU has no native bf16 (AVX-512 BF16 or AMX): serving {fallback_words(on_host, self.extra_flags)} "
+                     f"(the recipe's serve.without_native_bf16)")
+        flags = {**host_flags, **self.extra_flags, "host": self.host, "port": self.port}
         self._secrets = secret_values(os.environ, recipe.environment, flags={**recipe.serve.flags, **self.extra_flags})
         for value in self._secrets:  # masked by every writer of this process from now on, not only the log
             register_secret(value)
@@ -223,7 +223,7 @@ class Server:
         self._run_fixes(image, env)
         argv = recipes_mod.serve_argv(recipe, models, extra=flags)
         argv[0] = image.executable("vllm")
-        self._log_command(argv, recipe.environment)
+        self._log_command(argv, environment)
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             argv,
@@ -351,15 +351,23 @@ def parse_flag_value(text: str) -> recipes_mod.FlagValue:
     return text.strip()
 
 
-def host_flags(recipe: Recipe, native: bool | None = None) -> dict[str, recipes_mod.FlagValue]:
-    """The recipe's flags for this host where they differ from serve.flags: `serve.without_native_bf16` on a CPU host
-    without native bf16 (`native`: this host's, from /proc/cpuinfo, unless given; unknown keeps the recipe's)."""
+def host_fallback(recipe: Recipe, native: bool | None = None) -> recipes_mod.HostFallback | None:
+    """What the recipe serves on this host in place of its own flags and variables: `serve.without_native_bf16` on a
+    CPU without native bf16 (`native`: this host's, from /proc/cpuinfo, unless given; unknown keeps the recipe's)."""
     fallback = recipe.serve.without_native_bf16
-    if not fallback:
-        return {}
+    if fallback is None:
+        return None
     if native is None:
         native = native_bf16()
-    return dict(fallback) if native is False else {}
+    return fallback if native is False else None
+
+
+def fallback_words(fallback: recipes_mod.HostFallback, kept: Iterable[str] = ()) -> str:
+    """`--dtype float32 with VLLM_CPU_KVCACHE_SPACE=4`: the fallback's flags (but those in `kept`) and variables."""
+    kept = set(kept)
+    flags = " ".join(f"--{name} {value}" for name, value in fallback.flags.items() if name not in kept)
+    env = " ".join(f"{name}={value}" for name, value in fallback.environment.items())
+    return " with ".join(part for part in (flags or "the recipe's flags", env) if part)
 
 
 def launch_flags(recipe: Recipe, profile: str | None = None, overrides: Iterable[str] = ()) -> dict[str, recipes_mod.FlagValue]:

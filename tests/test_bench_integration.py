@@ -70,7 +70,10 @@ def test_every_request_and_every_token_gap_is_kept(table: RunResults, cpu_recipe
     for name, streams in (("single-stream", 1), ("n-streams", cpu_recipe.max_num_seqs)):
         samples = table.figure(name).details["samples"]  # type: ignore[union-attr]
         assert len(samples["ttft_ms"]) == len(samples["e2e_s"]) == streams
-        assert [len(gaps) for gaps in samples["itl_ms"]] == [OUTPUT_TOKENS - 1] * streams
+        # One gap between two token events; vLLM merges a stream's deltas into one event when its reader lags (a
+        # loaded machine), so an event may carry more than one of the OUTPUT_TOKENS tokens, never none.
+        assert [len(gaps) for gaps in samples["itl_ms"]] == [n - 1 for n in samples["chunks"]]
+        assert all(1 <= n <= OUTPUT_TOKENS for n in samples["chunks"]), samples["chunks"]
         assert all(0 < t < e * 1000 for t, e in zip(samples["ttft_ms"], samples["e2e_s"]))
         assert table.figure(name).metrics["itl_ms_outliers"] is not None  # type: ignore[union-attr]
     sweep = table.figure("sweep").details["samples"]  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ import yaml
 
 from cookbook.errors import RecipeError
 from cookbook.image import native_bf16
-from cookbook.launch import host_flags
+from cookbook.launch import fallback_words, host_fallback
 from cookbook.recipes import (
     RECIPES_DIR,
     list_recipes,
@@ -107,9 +107,11 @@ BAD_RECIPES = [
     ("env bool", _set("environment", {"FLAG": True}), "environment.FLAG must be a string or number"),
     ("active > total", _set("model.params_active", 1e12), "params_active must not exceed params_total"),
     ("caching on without block", _delete("prefix_caching.block_size"), "block_size is required"),
-    ("bf16 fallback on a gaudi image", _set("serve.without_native_bf16", {"dtype": "float32"}),
+    ("bf16 fallback on a gaudi image", _set("serve.without_native_bf16", {"flags": {"dtype": "float32"}}),
      "serve.without_native_bf16 is for vllm-cpu recipes"),
-    ("bf16 fallback flag with dashes", _set("serve.without_native_bf16", {"--dtype": "float32"}), "must be written without dashes"),
+    ("bf16 fallback flag with dashes", _set("serve.without_native_bf16", {"flags": {"--dtype": "float32"}}),
+     "must be written without dashes"),
+    ("bf16 fallback env bool", _set("serve.without_native_bf16", {"environment": {"X": True}}), "environment.X must be"),
 ]
 
 
@@ -191,11 +193,14 @@ def test_serve_argv_resolves_placeholders_and_is_a_list(tmp_path: Path) -> None:
 
 def test_a_cpu_recipe_serves_its_bf16_fallback_only_on_a_host_without_native_bf16() -> None:
     smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert smol.serve.flags["dtype"] == "bfloat16" and smol.serve.without_native_bf16 == {"dtype": "float32"}
-    assert host_flags(smol, native=False) == {"dtype": "float32"}
-    assert host_flags(smol, native=True) == {}
-    gaudi = load_recipe("Qwen/Qwen3-Coder-Next")
-    assert host_flags(gaudi, native=False) == {}
+    assert smol.serve.flags["dtype"] == "bfloat16" and smol.environment["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    fallback = host_fallback(smol, native=False)
+    assert fallback is not None and fallback.flags == {"dtype": "float32"}
+    assert fallback.environment == {"VLLM_CPU_KVCACHE_SPACE": "4"}  # fp32 KV: twice the bytes for the same 93K tokens
+    assert fallback_words(fallback) == "--dtype float32 with VLLM_CPU_KVCACHE_SPACE=4"
+    assert fallback_words(fallback, kept={"dtype"}) == "the recipe's flags with VLLM_CPU_KVCACHE_SPACE=4"
+    assert host_fallback(smol, native=True) is None
+    assert host_fallback(load_recipe("Qwen/Qwen3-Coder-Next"), native=False) is None
     assert native_bf16("flags\t: fpu avx2 amx_bf16 amx_tile\n") is True
     assert native_bf16("flags\t: fpu avx2 avx512f\n") is False
     assert native_bf16("processor\t: 0\n") is None  # unknown: the recipe's own flags

