@@ -298,7 +298,7 @@ def test_a_bf16_cpu_recipe_says_whether_this_host_computes_bf16_natively(flags: 
 def test_a_bf16_cpu_recipe_with_a_fallback_says_what_it_serves_on_a_host_without_bf16() -> None:
     smol = load_recipe("HuggingFaceTB/SmolLM2-135M-Instruct")
     got = doctor.cpu_dtype_line(smol, "flags\t: fpu avx avx2 fma\n")
-    assert got is not None and got.state == "ok" and "serves --dtype float32 with VLLM_CPU_KVCACHE_SPACE=4 here" in got.have, got
+    assert got is not None and got.state == "ok" and "serves --dtype float32 with VLLM_CPU_KVCACHE_SPACE=3 here" in got.have, got
     native = doctor.cpu_dtype_line(smol, "flags\t: avx2 avx512f avx512_bf16\n")
     assert native is not None and native.state == "ok" and native.have == "avx512_bf16"
 

@@ -196,9 +196,9 @@ def test_a_cpu_recipe_serves_its_bf16_fallback_only_on_a_host_without_native_bf1
     assert smol.serve.flags["dtype"] == "bfloat16" and smol.environment["VLLM_CPU_KVCACHE_SPACE"] == "2"
     fallback = host_fallback(smol, native=False)
     assert fallback is not None and fallback.flags == {"dtype": "float32"}
-    assert fallback.environment == {"VLLM_CPU_KVCACHE_SPACE": "4"}  # fp32 KV: twice the bytes for the same 93K tokens
-    assert fallback_words(fallback) == "--dtype float32 with VLLM_CPU_KVCACHE_SPACE=4"
-    assert fallback_words(fallback, kept={"dtype"}) == "the recipe's flags with VLLM_CPU_KVCACHE_SPACE=4"
+    assert fallback.environment == {"VLLM_CPU_KVCACHE_SPACE": "3"}  # fp32 KV: 69,888 tokens, 8 full-context streams
+    assert fallback_words(fallback) == "--dtype float32 with VLLM_CPU_KVCACHE_SPACE=3"
+    assert fallback_words(fallback, kept={"dtype"}) == "the recipe's flags with VLLM_CPU_KVCACHE_SPACE=3"
     assert host_fallback(smol, native=True) is None
     assert host_fallback(load_recipe("Qwen/Qwen3-Coder-Next"), native=False) is None
     assert native_bf16("flags\t: fpu avx2 amx_bf16 amx_tile\n") is True
