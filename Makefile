@@ -6,18 +6,12 @@ IN_ENV := scripts/in-env.sh
 # The tests that need no server and no simulated image, on every core (pytest-xdist): `make unit`, and the first run of `make test`
 UNIT_RUN := $(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto
 
-.PHONY: demo test test-lanes test-fast unit sim lock setup hooks lint notebooks-sync lab browser
+.PHONY: demo test test-fast unit sim lock setup hooks lint notebooks-sync lab browser
 
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
 
-test: setup browser  ## the whole test suite, real CPU servers and a real browser included: the unit tests on every core, then the rest
-	@status=0; \
-	$(UNIT_RUN) || status=$$?; \
-	$(IN_ENV) python -m pytest -q -m "integration or sim_image" || status=$$?; \
-	exit $$status
-
-test-lanes: setup browser  ## as `make test`, but the second run split in two lanes at once (tests/lanes.py; not yet measured on a full run)
+test: setup browser  ## the whole test suite, real CPU servers and a real browser included: the unit tests on every core, then the rest in two lanes at once
 	@status=0; \
 	$(UNIT_RUN) || status=$$?; \
 	$(IN_ENV) scripts/test-lanes.sh 2 -m "integration or sim_image" || status=$$?; \
