@@ -180,3 +180,25 @@ def test_the_clean_cpu_server_passes_task_accuracy(accuracy_server: Endpoint, cp
     assert task["expected"] > 2 * task["chance"]  # the task measures something: clearly above chance
     assert abs(task["served"] - task["expected"]) <= task["bound"]
     assert result.details["source"].startswith("computed here: lm-eval 0.4.13 hf backend")
+
+
+def test_the_served_runs_deadline_follows_the_servers_prefill_pace(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_recipe: Recipe) -> None:
+    """Every prompt is prefilled whole (prompt logprobs skip the prefix cache): on a server measured slow (an AVX2-only
+    host, 170 tokens/s) the lm-eval run gets the time its ~100K prompt tokens need, never the fixed ceiling alone."""
+    from cookbook.checks import accuracy as accuracy_check
+
+    seen: dict[str, float] = {}
+    monkeypatch.setattr(accuracy_check, "run_lm_eval", lambda *_a, **kw: seen.update(timeout=kw["timeout_s"]))
+    monkeypatch.setattr(accuracy_check, "lm_eval_versions", lambda _env: {})
+    monkeypatch.setattr(accuracy_check, "served_checkpoint", lambda _ctx: None)
+    spec = cpu_recipe.verification.accuracy
+    assert spec is not None
+    written = [write_task(TASK, spec.seed, spec.samples, tmp_path)]
+    fixed = 300 + 4 * spec.samples  # the per-sample ceiling run_lm_eval keeps as its least
+    # 104K prompt tokens measured on the clean server's run (2026-12-02): at 170 tokens/s with the probes' 4x headroom
+    for pace, at_least in ((None, fixed), (1 / 170, 300 + 4 * 104_000 / 170)):
+        endpoint = Endpoint("http://127.0.0.1:9", cpu_recipe.served_model_name)
+        endpoint.prefill_pace = pace
+        accuracy_check._served(CheckContext(endpoint, cpu_recipe), spec, None, written)  # type: ignore[arg-type]
+        assert seen["timeout"] > at_least, (pace, seen)

@@ -191,6 +191,7 @@ class WrittenTask:
     folder: Path  # lm-eval's --include_path
     sha256: str  # of the YAML and the items together: keys the cached reference score
     items: int
+    prompt_chars: int = 0  # what lm-eval sends, every item's question with each choice: sizes the run's deadline
 
 
 def write_task(name: str, seed: int, count: int, root: Path) -> WrittenTask:
@@ -211,4 +212,5 @@ def write_task(name: str, seed: int, count: int, root: Path) -> WrittenTask:
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text(text)
             tmp.replace(path)
-    return WrittenTask(name, folder, digest.hexdigest(), count)
+    chars = sum(len(it.question) + len(choice) for it in items for choice in it.choices)
+    return WrittenTask(name, folder, digest.hexdigest(), count, chars)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..accuracy.env import LM_EVAL_VERSION, ensure_lm_eval_env, lm_eval_versions
-from ..accuracy.run import Evaluation, ReferenceScores, TaskScore, run_lm_eval
+from ..accuracy.run import BASE_TIMEOUT_S, Evaluation, ReferenceScores, TaskScore, run_lm_eval
 from ..accuracy.tasks import CHOICES, OWN_TASKS, WrittenTask, is_own_task, write_task
+from ..haystack import request_timeout
 from ..image import ImageEnv, cache_dir, cache_lock, cpu_image, cpu_image_ready, system_image
 from ..recipes import AccuracyExpectation
 from ..reference import served_checkpoint
@@ -30,6 +31,7 @@ TASKS_DIR = "accuracy-tasks"
 HF_BATCH_SIZE = 16
 FLIPS_SHOWN = 8
 REQUEST_TIMEOUT_FACTOR = 5
+CHARS_PER_TOKEN = 3  # fewer than the SmolLM2 tokenizer's ~4 on English: the token estimate errs long, the deadline too
 
 
 def _applies(ctx: CheckContext) -> str | None:
@@ -120,8 +122,13 @@ def _served(ctx: CheckContext, spec: AccuracyExpectation, env: ImageEnv, written
     key = ctx.endpoint.api_key
     secret = {"OPENAI_API_KEY": key} if key != "EMPTY" else {}
     ctx.report(f"lm-eval local-completions on the server ({', '.join(spec.tasks)}, {spec.samples} samples each)")
+    # Prompt-logprob requests are never served from the prefix cache: every prompt is prefilled whole, so the run's
+    # deadline follows the server's measured prefill pace over the prompts' size (a token per CHARS_PER_TOKEN
+    # characters at most), as the probes' long requests do.
+    tokens = sum(w.prompt_chars for w in written) // CHARS_PER_TOKEN
+    timeout = request_timeout(BASE_TIMEOUT_S, tokens, ctx.endpoint.prefill_pace)
     return run_lm_eval(env, "local-completions", args, spec.tasks, [w.folder for w in written], spec.samples,
-                       spec.seed, lm_eval_versions(env), env_vars={**secret, **_offline(spec)})
+                       spec.seed, lm_eval_versions(env), env_vars={**secret, **_offline(spec)}, timeout_s=timeout)
 
 
 def _offline(spec: AccuracyExpectation) -> dict[str, str]:
