@@ -211,12 +211,11 @@ class Server:
         if models is not None:
             env["COOKBOOK_MODELS"] = str(models)
         assert self.port is not None  # chosen by start()
-        host_flags = dict(on_host.flags) if on_host else {}
         if on_host:
             self.say(f"this CPU has no native bf16 (AVX-512 BF16 or AMX): serving {fallback_words(on_host, self.extra_flags)} "
                      f"(the recipe's serve.without_native_bf16)")
-        flags = {**host_flags, **self.extra_flags, "host": self.host, "port": self.port}
-        self._secrets = secret_values(os.environ, recipe.environment, flags={**recipe.serve.flags, **self.extra_flags})
+        flags = {**(on_host.flags if on_host else {}), **self.extra_flags, "host": self.host, "port": self.port}
+        self._secrets = secret_values(os.environ, environment, flags={**recipe.serve.flags, **flags})
         for value in self._secrets:  # masked by every writer of this process from now on, not only the log
             register_secret(value)
 
@@ -363,7 +362,7 @@ def host_fallback(recipe: Recipe, native: bool | None = None) -> recipes_mod.Hos
 
 
 def fallback_words(fallback: recipes_mod.HostFallback, kept: Iterable[str] = ()) -> str:
-    """`--dtype float32 with VLLM_CPU_KVCACHE_SPACE=4`: the fallback's flags (but those in `kept`) and variables."""
+    """`--dtype float32 with VLLM_CPU_KVCACHE_SPACE=3`: the fallback's flags (but those in `kept`) and variables."""
     kept = set(kept)
     flags = " ".join(f"--{name} {value}" for name, value in fallback.flags.items() if name not in kept)
     env = " ".join(f"{name}={value}" for name, value in fallback.environment.items())
