@@ -6,7 +6,7 @@ import pytest
 from cookbook.checks import CheckContext
 from cookbook.checks.kit import Referee, compare_traces, first_departure, tolerances
 from cookbook.checks.kit.departure import rank_by_reference
-from cookbook.checks.kit.tolerances import Tolerance
+from cookbook.checks.kit.tolerances import MEAN_Z, Tolerance, mean_bound
 from cookbook.completions import Completion, Trace, completion_body, maybe_token_id, parse_completion, token_id
 from cookbook.endpoint import Endpoint
 from cookbook.errors import ServerError
@@ -283,3 +283,25 @@ def test_the_oracle_whose_tie_margin_is_as_large_as_a_fault_is_inconclusive() ->
         values={"reference.tie_margin": CalibratedValue(measured=1.5, allowed=2.25, runs_seen=3)})})
     with pytest.raises(CheckInconclusive, match=r"reference.tie_margin is 2.25 .*as large as the fault"):
         CHECKS["oracle"].fn(CheckContext(ENDPOINT, noisy))
+
+
+# -- a mean is judged with its sample's size -----------------------------------------------------------------------
+
+
+def test_a_mean_over_few_noisy_positions_gets_its_standard_error_and_many_barely_move_it() -> None:
+    # the clean SmolLM2 server's short prompts: a handful of positions with a few large deltas sit above the mean
+    # that the whole prompt set was calibrated at, and are still clean
+    few = [0.0] * 50 + [0.2] * 12
+    assert sum(few) / len(few) > 0.0386 and sum(few) / len(few) < mean_bound(0.0386, few)
+    many = few * 13
+    assert mean_bound(0.0386, many) - 0.0386 < (mean_bound(0.0386, few) - 0.0386) / 3
+    assert mean_bound(0.0386, few) == pytest.approx(0.0386 + MEAN_Z * 0.0797 / 62 ** 0.5, rel=0.01)
+
+
+def test_a_systematic_drift_fails_the_mean_whatever_the_sample_size() -> None:
+    # every position moved by the same small amount (no single one past the max): no spread, so no allowance
+    for n in (5, 60, 800):
+        drift = [0.1] * n
+        assert mean_bound(0.0386, drift) == pytest.approx(0.0386)
+        assert sum(drift) / n > mean_bound(0.0386, drift)
+    assert mean_bound(0.05, [0.3]) == 0.05  # one position: no spread to measure, the clean allowance alone

@@ -377,3 +377,15 @@ def test_a_computed_score_is_read_back_from_the_cache_without_loading_the_model(
         ref.score([4, 5, 6], 1, top_k=5)  # not in the cache: the forward pass must start, and cannot here
     (checkpoint / "model.safetensors").write_text("other weights")
     assert ScoreCache(checkpoint, image).folder != scores.folder
+
+
+def test_a_small_drift_on_every_prompt_position_fails_the_mean_and_names_the_sample() -> None:
+    prompt = OraclePrompt("blocks", "test", list(range(5, 205)))
+    ref = _ref(prompt.prompt_ids)
+    served = _served(prompt.prompt_ids, ref, shift=TOL.mean_abs_delta * 2)  # below the max, above the mean
+    comparison = compare_prompt(prompt, served, ref, TOL, _NoScore())
+    outcome = _outcome([comparison], TOL, "test tolerances", "golden file test", Layout(128, (), 8192), [], 3)
+    assert not outcome.passed
+    assert "mean |delta logprob|" in outcome.result and "standard errors over" in outcome.result
+    assert "max |delta logprob|" not in outcome.result
+    assert outcome.details["mean_abs_delta_allowed"] >= TOL.mean_abs_delta

@@ -38,7 +38,7 @@ from ..results import Evidence
 from .kit.departure import Ranking, rank_by_reference
 from .kit.tolerances import (REFERENCE_DEFAULTS, REFERENCE_MAX, REFERENCE_MEAN, REFERENCE_TIE, REFERENCE_TOPK,
                               reference_tolerance)
-from .kit.tolerances import Tolerance, too_noisy
+from .kit.tolerances import MEAN_Z, Tolerance, mean_bound, too_noisy
 from .kit.referee import REFERENCE, REFERENCE_CHECKPOINT, REFERENCE_MODEL
 from .params import DTYPE, Param
 from .registry import CheckContext, CheckFailed, CheckInconclusive, CheckOutcome, CheckSkipped, check
@@ -323,6 +323,7 @@ def _outcome(
     deltas = [d.delta for d in diffs]
     max_delta = max(deltas, default=0.0)
     mean_delta = sum(deltas) / len(deltas) if deltas else 0.0
+    mean_allowed = mean_bound(tol.mean_abs_delta, deltas)
     max_div = max((d.divergence for d in diffs), default=0.0)
     positions = sum(c.top1_positions for c in comparisons)
     agree = sum(c.top1_agree for c in comparisons)
@@ -337,8 +338,9 @@ def _outcome(
     problems: list[str] = []
     if max_delta > tol.max_abs_delta:
         problems.append(f"max |delta logprob| {_fmt(max_delta)} > {tol.max_abs_delta:g}")
-    if mean_delta > tol.mean_abs_delta:
-        problems.append(f"mean |delta logprob| {_fmt(mean_delta)} > {tol.mean_abs_delta:g}")
+    if mean_delta > mean_allowed:
+        problems.append(f"mean |delta logprob| {_fmt(mean_delta)} > {mean_allowed:.4g} ({tol.mean_abs_delta:g} + "
+                        f"{mean_allowed - tol.mean_abs_delta:.2g}, {MEAN_Z:g} standard errors over {len(deltas)} positions)")
     if max_div > tol.max_topk_divergence:
         problems.append(f"top-{top_k} divergence {max_div:.3f} > {tol.max_topk_divergence:g}")
     if agreement < tol.min_top1_agreement:
@@ -396,6 +398,7 @@ def _outcome(
         "top1_agreement": round(agreement, 5),
         "max_abs_delta": round(max_delta, 5),
         "mean_abs_delta": round(mean_delta, 5),
+        "mean_abs_delta_allowed": round(mean_allowed, 5),
         "max_topk_divergence": round(max_div, 5),
         "greedy_same": greedy_same,
         "greedy_total": greedy_total,

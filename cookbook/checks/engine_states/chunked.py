@@ -19,7 +19,7 @@ from ...haystack import format_tokens
 from ...reference import RefScore
 from ...results import Evidence
 from ..kit import Referee, Tolerances, tolerances, too_noisy
-from ..kit.tolerances import PROMPT_LOGPROBS_MAX_DIFF
+from ..kit.tolerances import MEAN_Z, PROMPT_LOGPROBS_MAX_DIFF, mean_bound
 from ..kit.client import PromptSource, complete, timeout_for
 from ..kit.memory import MemorySample, MemoryWatch
 from ..params import Param
@@ -199,13 +199,15 @@ def against_reference(prompt: list[int], entries: list[dict[int, float] | None] 
     if worst[1] > ref_tol.max_abs_delta:
         problems.append(f"position {worst[0]}: prompt logprob {worst[1]:.3g} from the reference's "
                         f"(allowed {ref_tol.max_abs_delta:g}, {tol.reference_from})")
-    if mean > ref_tol.mean_abs_delta:
-        problems.append(f"prompt logprobs {mean:.3g} from the reference's on average (allowed "
-                        f"{ref_tol.mean_abs_delta:g}, {tol.reference_from})")
+    mean_allowed = mean_bound(ref_tol.mean_abs_delta, [d for _, d in diffs])
+    if mean > mean_allowed:
+        problems.append(f"prompt logprobs {mean:.3g} from the reference's on average (allowed {mean_allowed:.3g}: "
+                        f"{ref_tol.mean_abs_delta:g}, {tol.reference_from}, plus {MEAN_Z:g} standard errors over "
+                        f"{len(diffs)} positions)")
     return {"what": f"against the reference ({scored.source}) at {len(diffs)} positions", "max_diff": round(worst[1], 6),
             "worst_position": worst[0], "mean_diff": round(mean, 6),
             "near_boundaries_max_diff": None if near_worst is None else round(near_worst, 6),
-            "allowed": ref_tol.max_abs_delta, "allowed_mean": ref_tol.mean_abs_delta, "tolerances": tol.reference_from}
+            "allowed": ref_tol.max_abs_delta, "allowed_mean": round(mean_allowed, 6), "tolerances": tol.reference_from}
 
 
 CHUNKED_PARAMS = (
