@@ -275,7 +275,10 @@ def test_plots_render_headless(tmp_path: Path) -> None:
 
 class _FakeServer(BaseHTTPRequestHandler):
     """Streams `max_tokens` chunks with chunked transfer coding; 'slow' in the prompt sleeps between chunks,
-    'fail' answers HTTP 500 with a Content-Length body, 'eof' streams without a length up to the close."""
+    'fail' answers HTTP 500 with a Content-Length body, 'eof' streams without a length up to the close
+    (saying `Connection: close` first), 'cut' hangs up mid-stream. A whole answer keeps the connection alive: a
+    stand-in that closed it without saying so raced the client's reuse of its pooled connection (a request lost in
+    CI under load)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -309,6 +312,9 @@ class _FakeServer(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
+        else:  # a body without a length ends at the close, which HTTP/1.1 says first
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         tokens = body["max_tokens"]
         self._send(b"data: " + _chunk(content="", role="assistant") + b"\n\n", chunked)
@@ -323,9 +329,9 @@ class _FakeServer(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._send(b"data: [DONE]\n\n", chunked)
-        if chunked:
+        if chunked:  # a whole chunked answer: the connection stays open for the client's next request, as vLLM's does
             self.wfile.write(b"0\r\n\r\n")
-        self.close_connection = True
+            self.wfile.flush()
 
 
 @pytest.fixture
