@@ -133,7 +133,29 @@ def test_the_reference_calls_a_tie_that_the_runs_own_margins_would_fail() -> Non
     assert departure is not None and departure.verdict == "tie"
     assert departure.baseline_margin == pytest.approx(0.25) and departure.reference_margin == pytest.approx(0.1)
     assert "within 0.5" in departure.judged_by and "computed here (test)" in departure.judged_by
-    assert reference.calls == [PROMPT + [1, 2]]  # one forward pass: the prompt and the solo run up to the departure
+    # two forward passes: the prompt and the solo run up to the departure; after the tie, the run's own tokens
+    assert reference.calls == [PROMPT + [1, 2], PROMPT + [1, 9, 4]]
+
+
+def test_after_a_near_tie_the_reference_follows_the_run_and_fails_a_token_it_rules_out() -> None:
+    """A defect whose first visible flip lands on a near-tie (a batch-only logit shift lifts the runner-up at every
+    batched step): the baseline says nothing after the runs part, the reference scoring the run's own continuation
+    does, and a later step it clearly rules out fails the run, naming both tokens."""
+    solo = _trace([1, 2, 3, 5], [{1: -0.1}, {2: -1.45, 9: -1.70}, {3: -0.1}, {5: -0.1}])
+    burst = _trace([1, 9, 4, 7], [{1: -0.1}, {9: -1.0, 2: -1.2}, {4: -0.3, 6: -2.0}, {7: -0.2, 8: -1.9}])
+    reference = FakeReference({3: RefPosition(1, -0.1, {1: -0.1}), 4: RefPosition(2, -1.5, {2: -1.5, 9: -1.6}),
+                               5: RefPosition(4, -0.2, {4: -0.2, 6: -2.2}), 6: RefPosition(8, -0.1, {8: -0.1, 7: -2.5})})
+    judged = compare_traces("request 2 (batched)", solo, burst, PROMPT, _referee(reference), TOL)
+    departure = judged.departure
+    assert departure is not None and departure.verdict == "fail" and departure.failed
+    assert departure.position == 3 and (departure.baseline_token, departure.run_token) == (8, 7)
+    assert departure.reference_margin == pytest.approx(2.4) and departure.reference_margin > departure.tie_margin
+    assert departure.after is not None and "near-tie at step 1 (tokens 2 and 9" in departure.after
+    assert judged.problems and "step 3 of this run's own continuation, after the near-tie at step 1" in judged.problems[0]
+    assert "took token 8, this run token 7" in judged.problems[0]
+    # the same run with no reference able to score its own tokens: the near-tie stands, nothing more is claimed
+    golden_only = _referee(None)
+    assert compare_traces("request 2 (batched)", solo, burst, PROMPT, golden_only, TOL).departure.after is None  # type: ignore[union-attr]
 
 
 def test_the_reference_fails_a_run_that_lost_the_token_it_clearly_prefers() -> None:

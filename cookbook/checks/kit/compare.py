@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from ...completions import Trace
 from ...reference import RefPosition
-from .departure import Departure, Drift, first_departure, judge_departure, judge_drift
+from .departure import Departure, Drift, first_departure, judge_continuation, judge_departure, judge_drift
 from .referee import Referee
 from .tolerances import Tolerances
 
@@ -20,7 +20,9 @@ class RunComparison(BaseModel):
     tokens_identical: bool
     compared_tokens: int = Field(description="Leading tokens both runs share; their logprobs were compared")
     max_logprob_diff: float | None
-    departure: Departure | None = Field(None, description="Where the run first took another token, and the verdict")
+    departure: Departure | None = Field(None, description="Where the run first took another token, and the verdict; "
+                                        "after a near-tie, the first step of the run's own continuation that the "
+                                        "reference rules out, when one is")
     drift: Drift | None = Field(None, description="The shared tokens' logprobs: within, noise or fail")
     problems: list[str] = Field(default_factory=list)
 
@@ -93,6 +95,10 @@ def compare_traces(
         comparison.departure = judge_departure(baseline, run, position, at, referee.source if referee else None,
                                                tolerances.flip_noise, tolerances.runs_tie, why,
                                                tolerances.runs_drift.value, baseline_name)
+        if not comparison.departure.failed and referee is not None and prompt is not None:
+            later = judge_continuation(run, comparison.departure, referee.path(prompt, run.token_ids),
+                                       referee.source, tolerances.flip_noise)
+            comparison.departure = later or comparison.departure
         if comparison.departure.failed:
             comparison.problems.append(f"{name}: {comparison.departure.describe()}")
     if comparison.drift.verdict == "fail":

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from ...completions import Trace
 from ...reference import RefPosition
-from .tolerances import Tolerance
+from .tolerances import MEAN_Z, Tolerance, mean_bound
 
 Verdict = Literal["tie", "fail", "baseline-off", "unjudged"]
 
@@ -77,6 +77,10 @@ class Departure(BaseModel):
     tie_margin_from: str
     verdict: Verdict
     judged_by: str = Field(description="What the verdict rests on, in words")
+    after: str | None = Field(
+        None, description="Set on a step of the run's own continuation: the near-tie where the runs first parted "
+        "(`baseline_token` is then the reference's own choice on the run's path, not the baseline's)"
+    )
 
     @property
     def failed(self) -> bool:
@@ -96,8 +100,12 @@ class Departure(BaseModel):
             bound = "" if self.reference_bound in (None, "exact") else f"{self.reference_bound} "
             margins.append(f"reference margin {bound}{self.reference_margin:.3g}")
         shown = f" ({', '.join(margins)})" if margins else ""
-        head = (f"first differing token {self.position}: {self.baseline} took {side(self.baseline_token)}, this run "
-                f"{side(self.run_token)}{shown}")
+        if self.after is not None:
+            head = (f"step {self.position} of this run's own continuation, after {self.after}: {self.baseline} took "
+                    f"{side(self.baseline_token)}, this run {side(self.run_token)}{shown}")
+        else:
+            head = (f"first differing token {self.position}: {self.baseline} took {side(self.baseline_token)}, this "
+                    f"run {side(self.run_token)}{shown}")
         return f"{head}: {self.verdict}, {self.judged_by}"
 
 
@@ -195,6 +203,36 @@ def judge_departure(
     return found
 
 
+def judge_continuation(
+    run: Trace, first: Departure, path: list[RefPosition | None] | None, reference_source: str | None,
+    flip_noise: Tolerance,
+) -> Departure | None:
+    """After a near-tie the two runs part for good, so the baseline says nothing more; the reference scoring the
+    run's own tokens (`path[j]`: the reference at run step j given the prompt and the run's tokens before it) still
+    does. The first later step where it clearly prefers another token than the run took is a fail (a defect whose
+    first visible flip lands on a near-tie is caught a few tokens on); None when every later step is the reference's
+    own choice or a near-tie."""
+    if path is None or first.failed:
+        return None
+    where = (f"the near-tie at step {first.position} (tokens {first.baseline_token} and {first.run_token}"
+             + (f", reference margin {first.reference_margin:.3g})" if first.reference_margin is not None else ")"))
+    for j in range(first.position + 1, min(len(run.token_ids), len(path))):
+        ref, token = path[j], run.token_ids[j]
+        if ref is None or token == ref.argmax:
+            continue
+        ranking = rank_by_reference(ref, ref.argmax, token, flip_noise.value)
+        if ranking is None or not ranking.failed:
+            continue
+        _, _, top = run.at(j)
+        run_margin, _ = _own_margin(top, token, ref.argmax)
+        found = Departure(position=j, baseline_token=ref.argmax, run_token=token, baseline_top=dict(ref.top),
+                          run_top=top, run_margin=_round(run_margin), baseline="the reference on this run's path",
+                          tie_margin=flip_noise.value, tie_margin_from=flip_noise.source, verdict="unjudged",
+                          judged_by="", after=where)
+        return _judged_by_reference(found, ranking, reference_source or "the reference", flip_noise)
+    return None
+
+
 def _judged_by_reference(found: Departure, ranking: Ranking, source: str, noise: Tolerance) -> Departure:
     found.reference_margin = ranking.margin
     found.reference_bound = ranking.bound
@@ -265,11 +303,14 @@ def judge_drift(
                       f"{ref_lp:.3f} in the reference: one is more than {reference_max:g} from it ({source})")
         return drift
     means = (sum(o[1] for o in offs) / len(offs), sum(o[2] for o in offs) / len(offs))
-    if reference_mean is not None and max(means) > reference_mean:
-        drift.verdict = "fail"
-        drift.note = (f"on average over {len(offs)} shared steps the baseline sits {means[0]:.3g} and this run "
-                      f"{means[1]:.3g} from the reference: more than the {reference_mean:g} a clean run does ({source})")
-        return drift
+    if reference_mean is not None:
+        bounds = (mean_bound(reference_mean, [o[1] for o in offs]), mean_bound(reference_mean, [o[2] for o in offs]))
+        if means[0] > bounds[0] or means[1] > bounds[1]:
+            drift.verdict = "fail"
+            drift.note = (f"on average over {len(offs)} shared steps the baseline sits {means[0]:.3g} and this run "
+                          f"{means[1]:.3g} from the reference: more than a clean run does ({reference_mean:g}, plus "
+                          f"{MEAN_Z:g} standard errors of these steps: {bounds[0]:.3g} and {bounds[1]:.3g}; {source})")
+            return drift
     drift.verdict = "noise"
     drift.note = (f"at step {i} {baseline.logprobs[i]:.3f} in the baseline, {run.logprobs[i]:.3f} in this run, "
                   f"{ref_lp:.3f} in the reference: both within {reference_max:g} of it, and within "
