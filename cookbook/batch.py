@@ -296,9 +296,6 @@ def run_recipe(
 
 
 DEMO_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# The demo times each cold prompt at one depth (the needle notebook covers the depths): the recipe's lengths, a
-# third of the cold prefills, so the whole job stays well under 15 minutes on a shared 2-vCPU machine.
-DEMO_PARAMETERS: dict[str, Any] = {"LONG_DEPTHS": [0.5]}
 
 
 def run_demo(
@@ -316,14 +313,13 @@ def run_demo(
     started = time.monotonic()
     recipe = load_recipe(DEMO_RECIPE)
     check_output_path(out, "--out", folder=True)
-    declared = set().union(*plan(notebooks, parameters).values())  # bad arguments fail before anything is built
-    demo_parameters = {k: v for k, v in DEMO_PARAMETERS.items() if k in declared}
+    plan(notebooks, parameters)  # bad arguments fail before anything is built
     run_dir = prepare_run_dir(recipe, out)
     image = ensure_cpu_image(progress=progress)
     if recipe.serve.weights is not None:
         ensure_model(recipe.serve.weights.prepare, image, progress=progress)
     setup_s = time.monotonic() - started
-    summary = run_recipe(recipe, None, run_dir, notebooks, {**demo_parameters, **(parameters or {})}, None, say, progress)
+    summary = run_recipe(recipe, None, run_dir, notebooks, parameters, None, say, progress)
     summary.timings = {"setup_s": round(setup_s, 1), **summary.timings, "total_s": round(time.monotonic() - started, 1)}
     write_atomic(Path(summary.run_dir) / "summary.json", summary.model_dump_json(indent=2) + "\n")
     return summary

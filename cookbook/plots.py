@@ -329,11 +329,14 @@ def open_loop_curve_figure(frame: "pd.DataFrame", title: str = "") -> "Figure":
 
 def ttft_prompt_length_figure(results: "RunResults", title: str = "") -> "Figure":
     """TTFT of each cold prompt against its length (every needle depth a point), the cold warm-up (the first
-    prefill, which may compile) marked apart, and a line through the origin at the measured prefill rate."""
+    prefill, which may compile) marked apart, and a line through the origin at the measured prefill rate. A cold
+    figure read from the needle check's requests (not streamed) has no TTFT: its points are the time to the whole
+    answer, drawn apart and left out of the rate."""
     figure = _new_figure(7.0, 4.4)
     axes = figure.subplots()
     lengths: list[float] = []
     ttfts: list[float] = []
+    answered: list[tuple[float, float]] = []  # (length, seconds to the whole answer) of requests not streamed
     failed: list[float] = []
     warmups: list[float] = []
     for fig in results.performance:
@@ -346,6 +349,8 @@ def ttft_prompt_length_figure(results: "RunResults", title: str = "") -> "Figure
             if request.get("ttft_s") is not None:
                 lengths.append(length)
                 ttfts.append(request["ttft_s"])
+            elif request.get("measured_by") and not request.get("error") and request.get("seconds_to_answer") is not None:
+                answered.append((length, request["seconds_to_answer"]))
             elif length:
                 failed.append(length)
         warm = fig.details.get("warmup_cold_prefill_s")
@@ -361,20 +366,27 @@ def ttft_prompt_length_figure(results: "RunResults", title: str = "") -> "Figure
             top = max(lengths)
             axes.plot([0, top], [0, top / rate], "-", color="#90a4ae", linewidth=1,
                       label=f"{rate:,.0f} prompt tokens/s (mean prefill rate)")
+    if answered:
+        axes.plot([a for a, _ in answered], [b for _, b in answered], "s", color="#6a1b9a", fillstyle="none",
+                  label="cold prompt, time to the whole answer (the needle check's request, not streamed)")
     for length in failed:
         axes.axvline(length, color=FAILED_COLOUR, linestyle=":", linewidth=1)
     if failed:
         axes.plot([], [], ":", color=FAILED_COLOUR, label=f"{len(failed)} failed request(s)")
-    if not lengths and not failed:
+    if not lengths and not failed and not answered:
         axes.text(0.5, 0.5, "no cold prompts in these results", ha="center", va="center", transform=axes.transAxes)
     axes.set_xlabel("prompt tokens")
-    axes.set_ylabel("time to first token, s")
+    if not answered:
+        axes.set_ylabel("time to first token, s")
+    else:
+        axes.set_ylabel("to the first token or the whole answer, s" if lengths else "time to the whole answer, s")
     axes.set_xlim(left=0)
-    axes.set_ylim(bottom=0, top=max([*ttfts, *warmups, 0.001]) * 1.15)
+    axes.set_ylim(bottom=0, top=max([*ttfts, *warmups, *(b for _, b in answered), 0.001]) * 1.15)
     axes.grid(True, alpha=0.3)
-    if lengths or failed:
+    if lengths or failed or answered:
         axes.legend(fontsize=8, loc="lower right")
-    axes.set_title(title or f"TTFT against prompt length (cold): {results.model} on {results.hardware.description}", fontsize=9)
+    what = "Time to the answer" if answered and not lengths else "TTFT"
+    axes.set_title(title or f"{what} against prompt length (cold): {results.model} on {results.hardware.description}", fontsize=9)
     figure.tight_layout()
     return figure
 

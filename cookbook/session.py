@@ -81,7 +81,12 @@ class Session:
     def _write_part(self, name: str) -> Path:
         results = self.parts[name]
         results = results.model_copy(update={"artifacts": {**results.artifacts, **self.artifacts}})
-        return write_results(results, self.out_dir / PARTS_DIR / f"{name}.json")
+        return write_results(results, self.part_file(name))
+
+    def part_file(self, name: str) -> Path:
+        """Where a notebook's part of the run's results lies (absent until that notebook wrote it): a later
+        notebook reads what an earlier one measured on the same server instead of measuring it again."""
+        return self.out_dir / PARTS_DIR / f"{name}.json"
 
     def new_results(self, **fields: Any) -> RunResults:
         """A RunResults for this session's recipe, model, hardware and image (plus `fields`)."""

@@ -584,3 +584,49 @@ def test_the_sweep_reads_the_levels_the_single_and_n_streams_runs_measured(fake_
         (1, "single-stream"), (2, "sweep"), (4, "n-streams")]
     assert len(posts) == 1 + 4 + 2  # single, the 4 streams, and only level 2 of the sweep
     assert rows[0]["generated_tokens"] == results.figure("single-stream").metrics["generated_tokens"]  # type: ignore[union-attr]
+
+
+def _needle_part(folder: Path, started: float | None, base_url: str, cached: int | None = 0) -> None:
+    """A needle notebook's part as `Session.write_part` leaves it: two lengths, two depths each."""
+    from cookbook.results import CheckResult, write_results
+
+    cells = [{"target_tokens": n, "prompt_tokens": n + 3, "depth": d, "seconds": n / 1000 + d, "found": True,
+              "answer": "The number is 1234567.", "answer_token_ids": [1, 2, 3, 4, 5, 6],
+              "cached_tokens": cached if (n, d) == (4000, 0.9) else 0, "finish_reason": "stop"}
+             for n in (2000, 4000) for d in (0.1, 0.9)]
+    check = CheckResult(name="needles", label="Needle in a haystack, 2 depths, cold", status="pass", result="2/2",
+                        details={"cells": cells, "server": {"base_url": base_url, "model": "m", "process_start_time": started}})
+    write_results(RunResults(recipe="r", model="m", hardware=CPU, checks=[check]), folder / "parts" / "needles.json")
+
+
+def test_cold_prompts_are_read_from_this_servers_needle_cells_only(
+        metrics_server: tuple[Endpoint, type[_MetricsServer]], tmp_path: Path) -> None:
+    """The needle notebook's cells stand for the cold figures only when the same server process answered them
+    (URL, model and process_start_time_seconds) and every cell of a length ran cold."""
+    endpoint, handler = metrics_server
+    handler.text = METRICS_TEXT + "process_start_time_seconds 1.7e+09\n"
+    part = tmp_path / "parts" / "needles.json"
+    assert "no needle results" in bench.needle_cold_runs(part, endpoint).note and not bench.needle_cold_runs(part, endpoint).runs
+
+    _needle_part(tmp_path, 1.7e9, endpoint.base_url)
+    measured = bench.needle_cold_runs(part, endpoint)
+    assert sorted(measured.runs) == [2000, 4000] and "the 4 cells" in measured.note
+    depth, result, info = measured.runs[2000][1]
+    assert (depth, result.e2e_s, result.ttft_s, result.prompt_tokens, result.output_tokens) == (0.9, 2.9, None, 2003, 6)
+    assert measured.for_length(2000, [0.9]) == [measured.runs[2000][1]]
+    assert measured.for_length(2000, [0.5]) is None and measured.for_length(6000) is None  # not measured: sent
+    figure = cold_figure(2000, measured.runs[2000], 32, CPU, None, bench.measured.MEASURED_BY)
+    assert figure.result == "2.1 to 2.9 s to the answer" and figure.details["measured_by"] == "the needle check of this run"
+    assert "not streamed" in figure.measured_as and "of 6 tokens" in figure.measured_as
+    assert all(r["ttft_s"] is None and r["measured_by"] for r in figure.details["requests"])
+    plots.ttft_prompt_length_figure(RunResults(recipe="r", model="m", hardware=CPU, performance=[figure]))
+
+    _needle_part(tmp_path, 1.7e9, endpoint.base_url, cached=1920)  # one cell of 4,000 hit the cache: not cold
+    measured = bench.needle_cold_runs(part, endpoint)
+    assert sorted(measured.runs) == [2000] and "4,000 had a cell that was not cold" in measured.note
+    for started, url in ((1.6e9, endpoint.base_url), (None, endpoint.base_url), (1.7e9, "http://127.0.0.1:1")):
+        _needle_part(tmp_path, started, url)  # a restarted server, one that did not say, another server
+        other = bench.needle_cold_runs(part, endpoint)
+        assert other.runs == {} and "another server process" in other.note
+    part.write_text("{not json")
+    assert "unreadable" in bench.needle_cold_runs(part, endpoint).note

@@ -126,3 +126,37 @@ def test_cli_prints_the_table(cpu_server: Endpoint, cpu_recipe: Recipe, tmp_path
     assert results.artifacts.get("roofline") == "plots/roofline.png"
     assert results.artifacts.get("latency_distribution") == "plots/latency_distribution.png"
     assert (tmp_path / "plots" / "kv_cache.png").is_file()
+
+
+def test_cold_figures_read_this_runs_needle_cells_without_prefilling_again(
+        cpu_server: Endpoint, cpu_recipe: Recipe, tmp_path: Path) -> None:
+    """A batch runs the needle notebook before the throughput one: the cold figures are its cells (the seeds' 'Cold
+    prompt of N tokens (needle)'), and the server prefills nothing for them: its prompt-token counter stays put."""
+    from cookbook.bench import needle_cold_runs
+    from cookbook.checks import run_checks
+    from cookbook.checks.registry import CheckContext
+    from cookbook.endpoint import metric_value
+    from cookbook.results import write_results
+
+    ctx = CheckContext(cpu_server, cpu_recipe, tmp_path, {"needle_lengths": [LONG], "needle_depths": [0.3, 0.7]})
+    needles = run_checks(ctx, names=["needles"])
+    part = write_results(needles, tmp_path / "parts" / "needles.json")
+    cells = needles.check("needles").details["cells"]  # type: ignore[union-attr]
+    measured = needle_cold_runs(part, cpu_server)
+    assert sorted(measured.runs) == [LONG], measured.note
+
+    def prefilled() -> float:
+        value = metric_value(cpu_server.metrics(), "vllm:prompt_tokens_total")
+        assert value is not None
+        return value
+
+    before = prefilled()
+    config = BenchConfig(long_lengths=[LONG])
+    results = run_performance_table(cpu_server, cpu_recipe, config, workloads=["cold"], measured_cold=measured)
+    assert prefilled() == before
+    figure = results.figure("cold-prompt-1K")
+    assert figure is not None and figure.details["measured_by"] == "the needle check of this run"
+    assert [(r["depth"], r["seconds_to_answer"], r["prompt_tokens"]) for r in figure.details["requests"]] == [
+        (c["depth"], c["seconds"], c["prompt_tokens"]) for c in cells]
+    sent = run_performance_table(cpu_server, cpu_recipe, config.model_copy(update={"warmup": False, "long_depths": [0.5]}), workloads=["cold"])
+    assert prefilled() > before and "measured_by" not in sent.figure("cold-prompt-1K").details  # type: ignore[union-attr]

@@ -3,7 +3,8 @@
 Four parts: `client` (streamed requests timed like `vllm bench serve`, in concurrent batches, over the openai
 client's aiohttp transport), `workloads` (what is sent: single stream, N streams, cold long prompts, the sweep),
 `stats` (percentiles, summaries, outliers), `kvcache` (KV-cache usage sampled from /metrics during a run),
-`figures` (the results file's Figure records and their wording; plots are cookbook.plots), and
+`figures` (the results file's Figure records and their wording; plots are cookbook.plots), `measured` (the cold
+prompts a needle check of the same run already sent to the same server, read instead of sent twice), and
 `open_loop` and `datasets` (the `rate` workload: requests sent at a rate, Poisson or gamma arrivals, from random,
 shared-prefix or ShareGPT-shaped data, with goodput, as `vllm bench serve --request-rate`), `tables` (the text
 report and DataFrames for notebooks). Results are `Figure`s of the shared
@@ -15,6 +16,7 @@ from __future__ import annotations
 from .client import BatchResult, StreamRequest, StreamResult, run_batch
 from .figures import MEASURED_AS, cold_figure, n_streams_figure, single_stream_figure, sweep_figure
 from .kvcache import KV_USAGE_METRICS, KvSampler, KvTrace, kv_usage
+from .measured import MeasuredCold, needle_cold_runs
 from .stats import OUTLIER_RULE, Outliers, Summary, outliers, percentile, summarize
 from .datasets import DATASETS, DatasetConfig, dataset_requests
 from .open_loop import (
@@ -45,7 +47,7 @@ from .workloads import (
 
 __all__ = [
     "KV_USAGE_METRICS", "MEASURED_AS", "OUTLIER_RULE", "SEED_LONG_FRACTIONS", "SHORT_TOPICS", "TABLE", "WORKLOADS",
-    "DATASETS", "BatchResult", "BenchConfig", "DatasetConfig", "OpenLoopConfig", "OpenLoopResult",
+    "DATASETS", "BatchResult", "MeasuredCold", "needle_cold_runs", "BenchConfig", "DatasetConfig", "OpenLoopConfig", "OpenLoopResult",
     "arrival_offsets", "dataset_requests", "meets_objectives", "open_loop_figure", "open_loop_frame", "parse_goodput",
     "run_open_loop", "run_rate_sweep", "KvSampler", "KvTrace", "Outliers", "Progress", "StreamRequest", "StreamResult", "Summary",
     "cold_figure", "detail_frame", "format_report", "kv_usage", "long_lengths", "n_streams_figure", "outliers", "percentile",

@@ -83,9 +83,11 @@ def n_streams_figure(batch: BatchResult, output_tokens: int, hardware: Hardware)
 
 def cold_figure(
     length: int, runs: list[tuple[float, StreamResult, dict[str, Any]]], answer_tokens: int, hardware: Hardware,
-    warmup_s: float | None,
+    warmup_s: float | None, measured_by: str = "",
 ) -> Figure:
-    """One cold-prompt length: every depth's request, time to the (fixed-length) answer as a value or a range."""
+    """One cold-prompt length: every depth's request, time to the (fixed-length) answer as a value or a range.
+    `measured_by`: the runs are another check's requests of the same run (`bench.measured`), answers of their own
+    length and not streamed, which the figure says."""
     ok = [r for _, r, _ in runs if r.ok and r.e2e_s is not None]
     seconds = [r.e2e_s for r in ok if r.e2e_s is not None]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -118,17 +120,28 @@ def cold_figure(
         details["errors"] = [r.error for _, r, _ in runs if not r.ok]
     if warmup_s is not None:
         details["warmup_cold_prefill_s"] = round(warmup_s, 3)
+    if measured_by:
+        details["measured_by"] = measured_by
     return Figure(
         name=f"cold-prompt-{haystack.format_tokens(length)}",
         label=f"Cold prompt of {haystack.format_tokens(length)} tokens (needle)",
         result=result,
-        measured_as=_measured_as(
-            f"cold: a fresh cache_salt per request; the prompt is exactly {length:,} tokens by /tokenize; "
-            f"the answer is {answer_tokens} tokens", hardware),
+        measured_as=_measured_as(_cold_measured_as(length, runs, answer_tokens, measured_by), hardware),
         metrics=metrics,
         failed_requests=len(runs) - len(ok),
         details=details,
     )
+
+
+def _cold_measured_as(length: int, runs: list[tuple[float, StreamResult, dict[str, Any]]], answer_tokens: int,
+                      measured_by: str) -> str:
+    if not measured_by:
+        return (f"cold: a fresh cache_salt per request; the prompt is exactly {length:,} tokens by /tokenize; "
+                f"the answer is {answer_tokens} tokens")
+    sizes = sorted({r.output_tokens for _, r, _ in runs if r.ok})
+    answer = (f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}") if sizes else "no"
+    return (f"cold: the requests of {measured_by} (a fresh cache_salt each; the prompt is exactly {length:,} tokens "
+            f"by /tokenize), not streamed: time to the whole answer of {answer} tokens, no time to first token")
 
 
 def sweep_figure(frame: "pd.DataFrame", hardware: Hardware, samples: dict[str, Any] | None = None) -> Figure:

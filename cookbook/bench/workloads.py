@@ -16,6 +16,7 @@ from ..results import Hardware, RunResults, now, run_hardware
 from ..roofline import roofline_rows
 from .client import BatchResult, StreamRequest, StreamResult, run_batch
 from .kvcache import DEFAULT_INTERVAL_S, KvSampler, attach_trace
+from .measured import MEASURED_BY, MeasuredCold
 from .figures import MEASURED_AS, cold_figure, n_streams_figure, single_stream_figure, sweep_figure
 from .open_loop import OpenLoopConfig, open_loop_figure, run_rate_sweep
 from .tables import _frame
@@ -201,9 +202,12 @@ def run_performance_table(
     hardware: Hardware | None = None,
     workloads: Iterable[str] = TABLE,
     progress: Progress | None = None,
+    measured_cold: MeasuredCold | None = None,
 ) -> RunResults:
     """The seeds' Performance table (single stream, N streams, cold long prompts), optionally the sweep, as
-    RunResults; decode figures carry their roofline row when the recipe and the hardware are known."""
+    RunResults; decode figures carry their roofline row when the recipe and the hardware are known.
+    `measured_cold`: cold requests this run already sent to this server (`bench.measured.needle_cold_runs`): a
+    length they cover is read from them, not sent again."""
     config = config or BenchConfig()
     wanted = list(dict.fromkeys(workloads))
     unknown = [w for w in wanted if w not in WORKLOADS]
@@ -227,7 +231,7 @@ def run_performance_table(
     step = {"name": "warm-up"}
     sampler = KvSampler(endpoint, config.kv_sample_interval_s).start() if config.kv_sample_interval_s > 0 else None
     try:
-        _run_workloads(endpoint, recipe, config, hardware, wanted, results, task, step, progress, sampler)
+        _run_workloads(endpoint, recipe, config, hardware, wanted, results, task, step, progress, sampler, measured_cold)
     except ServerError as exc:  # the server died, stalled or the budget ran out: keep every figure measured so far
         results.stopped = f"stopped during {step['name']}: {exc}"
         task.update(f"{results.stopped}; the figures measured before it are kept")
@@ -243,7 +247,7 @@ def run_performance_table(
 
 def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfig, hardware: Hardware, wanted: list[str],
                    results: RunResults, task: Task, step: dict[str, str], progress: Progress | None = None,
-                   sampler: KvSampler | None = None) -> None:
+                   sampler: KvSampler | None = None, measured_cold: MeasuredCold | None = None) -> None:
     """The workloads in order, each figure appended as soon as it is measured; `step` names the one running,
     `task` shows it (each cold prompt's runs as its detail), and the KV sampler (if any) records a span per workload
     (a warm-up's span goes with the figure after it)."""
@@ -283,16 +287,24 @@ def _run_workloads(endpoint: Endpoint, recipe: Recipe | None, config: BenchConfi
         begin("cold prompts")
         lengths = long_lengths(config, recipe, haystack.server_max_model_len(endpoint))
         depths = _long_depths(config, recipe)
+        asked_depths = list(config.long_depths) if config.long_depths else None
+        reused = {n: (measured_cold.for_length(n, asked_depths) if measured_cold else None) for n in lengths}
+        to_send = [n for n in lengths if reused[n] is None]
         warmup_s: float | None = None
-        if config.warmup and lengths:
-            say(f"warm-up: one cold prefill of {lengths[0]:,} tokens (not counted)")
+        if config.warmup and to_send:
+            say(f"warm-up: one cold prefill of {to_send[0]:,} tokens (not counted)")
             with span("cold warm-up"):
-                warm = _cold_runs(endpoint, lengths[0], [depths[0]], config.model_copy(update={"answer_tokens": 1}))
+                warm = _cold_runs(endpoint, to_send[0], [depths[0]], config.model_copy(update={"answer_tokens": 1}))
             warmup_s = warm[0][1].e2e_s
         for length in lengths:
             begin(f"cold-prompt-{haystack.format_tokens(length)}")
-            say(f"cold prompts: {length:,} tokens at {len(depths)} depth(s)")
             name = f"cold-prompt-{haystack.format_tokens(length)}"
+            runs = reused[length]
+            if runs is not None:
+                say(f"cold prompts: {length:,} tokens, the {len(runs)} request(s) of {MEASURED_BY} (not sent again)")
+                results.performance.append(cold_figure(length, runs, config.answer_tokens, hardware, None, MEASURED_BY))
+                continue
+            say(f"cold prompts: {length:,} tokens at {len(depths)} depth(s)")
             with span(name, name):
                 runs = _cold_runs(endpoint, length, depths, config, task.update)
             results.performance.append(cold_figure(length, runs, config.answer_tokens, hardware, warmup_s))

@@ -42,6 +42,7 @@ from ..haystack import (
 )
 from ..reference import RefPosition, Reference
 from ..results import Evidence
+from ..secrets import strip_url_credentials
 from .kit.departure import rank_by_reference
 from .kit.referee import REFERENCE_PARAMS, REFERENCE_TOP_K, Referee
 from .kit.tolerances import Tolerance, tolerances
@@ -395,6 +396,15 @@ def result_text(grid: NeedleGrid) -> str:
     return text
 
 
+def server_identity(ctx: CheckContext) -> dict[str, object]:
+    """Which server process answered the cells: its URL, model and start time (as `run_checks` found it before the
+    first check). The benchmark reuses the cells as its cold-prompt figures only for that process
+    (`cookbook.bench.measured`)."""
+    started = ctx.run_start.process_start_time if ctx.run_start is not None else None
+    return {"base_url": strip_url_credentials(ctx.endpoint.base_url), "model": ctx.endpoint.model,
+            "process_start_time": started}
+
+
 def default_lengths(max_model_len: int) -> list[int]:
     """The seeds' proportions of the context, rounded to a thousand tokens when that is meaningful."""
     lengths = [int(max_model_len * f) for f in DEFAULT_LENGTH_FRACTIONS]
@@ -455,6 +465,7 @@ def needles(ctx: CheckContext) -> CheckOutcome:
     details["times"] = grid.times()
     details["max_model_len"] = context
     details["served"] = served.model_dump()
+    details["server"] = server_identity(ctx)
     contradictions = served.contradictions()
     details["layout_contradictions"] = contradictions
     text = result_text(grid)

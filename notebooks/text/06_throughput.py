@@ -4,10 +4,13 @@
 # The seeds' Performance table: one stream of 256 tokens, N streams (N = the recipe's `--max-num-seqs`) of 256 tokens
 # each, and cold long prompts (a fresh `cache_salt` each, token-exact by `/tokenize`) timed to the answer. Every
 # request streams, with a fixed output length (`ignore_eos`, `max_tokens`) and a timeout; a failed request is counted
-# beside its figure. Behind the table: TTFT, inter-token latency, TPOT and end to end with p50 / p90 / p99, a
-# concurrency sweep, the open loop (requests sent at a rate, Poisson arrivals, goodput against latency objectives,
-# as `vllm bench serve --request-rate` measures it), and the roofline: how far decode runs from the bandwidth bound
-# of the hardware that produced the figures (a CPU figure here is a CPU figure, never a Gaudi one).
+# beside its figure. Where the needle notebook ran first on this same server (a batch), its cold cells are the cold
+# figures, as the seeds time theirs ("Cold prompt of 65K tokens (needle)"): the same prompts are not prefilled twice,
+# and those figures are times to the whole (non-streamed) answer. Behind the table: TTFT, inter-token latency, TPOT
+# and end to end with p50 / p90 / p99, a concurrency sweep, the open loop (requests sent at a rate, Poisson arrivals,
+# goodput against latency objectives, as `vllm bench serve --request-rate` measures it), and the roofline: how far
+# decode runs from the bandwidth bound of the hardware that produced the figures (a CPU figure here is a CPU figure,
+# never a Gaudi one).
 
 # %% tags=["parameters"]
 RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recipe id (cookbook recipe list)
@@ -26,6 +29,7 @@ RATE_INPUT_LEN = 32  # prompt tokens of the open loop's random prompts
 RATE_OUTPUT_LEN = 32  # output tokens of each open-loop request (fixed with ignore_eos)
 GOODPUT = {"ttft": 1000, "tpot": 100}  # objectives in ms (ttft, tpot, e2el): a request counts when it meets all
 WORKLOADS = ["single", "streams", "cold", "sweep", "rate"]
+COLD_FROM_NEEDLES = True  # cold figures from the needle notebook's cells when it ran first on this server (as the seeds do)
 
 # %%
 from IPython.display import Markdown, display
@@ -54,7 +58,12 @@ open_loop = bench.OpenLoopConfig(rates=RATES, requests=RATE_REQUESTS, goodput=GO
                                  dataset=bench.DatasetConfig(input_len=RATE_INPUT_LEN, output_len=RATE_OUTPUT_LEN))
 config = bench.BenchConfig(output_tokens=OUTPUT_TOKENS, streams=STREAMS, long_lengths=LONG_LENGTHS,
                            long_depths=LONG_DEPTHS, sweep_levels=SWEEP_LEVELS, open_loop=open_loop)
-results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware, WORKLOADS)
+measured_cold = None
+if COLD_FROM_NEEDLES and "cold" in WORKLOADS:
+    measured_cold = bench.needle_cold_runs(session.part_file("needles"), session.endpoint)
+    print(measured_cold.note)
+results = bench.run_performance_table(session.endpoint, session.recipe, config, session.hardware, WORKLOADS,
+                                      measured_cold=measured_cold)
 display(Markdown(results.performance_note))
 report.figures_frame(results)
 
@@ -119,7 +128,8 @@ else:
 # ## TTFT against prompt length (cold prompts)
 #
 # Each cold prompt (a fresh `cache_salt`) at its length, the first cold prefill (the warm-up, which may compile)
-# apart, and the mean prefill rate as a line.
+# apart, and the mean prefill rate as a line. Cold figures read from the needle cells have no first-token time: their
+# points are the time to the whole answer, drawn apart.
 
 # %%
 session.show_figure(plots.ttft_prompt_length_figure(results), "ttft_prompt_length")
