@@ -11,11 +11,12 @@ server to check its health over the whole run. The folder's records live in `coo
 from __future__ import annotations
 
 import functools
-
+import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
 
+from ._prestart import StartedKernel
 from .checks import CHECKS, RunStart, selected_checks
 from .checks.registry import snapshot_server
 from .errors import CookbookError
@@ -126,9 +127,15 @@ def _reporting_engine() -> str:
     return ENGINE
 
 
-def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any], progress: Task | None = None) -> NotebookOutcome:
+# Arguments of every batch kernel: the kernel's loopback-TCP warning is noise.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+
+
+def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any], progress: Task | None = None,
+                     kernel: Any = None) -> NotebookOutcome:
     """Run one notebook with papermill into the run folder; an error is recorded, never raised. Each code cell's
-    start goes to `progress` (`cell n of N`: its heading and first line)."""
+    start goes to `progress` (`cell n of N`: its heading and first line). `kernel`: a kernel manager already
+    started for it in the run folder (`cookbook._prestart`), else papermill starts one."""
     import papermill as pm
 
     executed = run_dir / source.name
@@ -140,8 +147,7 @@ def execute_notebook(source: Path, run_dir: Path, parameters: dict[str, Any], pr
             pm.execute_notebook(
                 str(source), str(executed), parameters=parameters, kernel_name=KERNEL, language="python",
                 progress_bar=False, cwd=str(run_dir), execution_timeout=CELL_TIMEOUT_S,
-                extra_arguments=["--IPKernelApp.log_level=CRITICAL"],  # the kernel's loopback-TCP warning is noise
-                engine_name=_reporting_engine(), progress=progress,
+                extra_arguments=KERNEL_ARGUMENTS, engine_name=_reporting_engine(), progress=progress, km=kernel,
             )
     except pm.PapermillExecutionError as exc:
         status, error = "failed", f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:300]
@@ -206,9 +212,12 @@ def run_batch(
     launched: bool = False,
     say: Say = print,
     progress: Progress | None = None,
+    first_kernel: StartedKernel | None = None,
 ) -> BatchSummary:
     """Execute the notebooks against `base_url` into `run_dir`, then write results, page, reports and summary;
-    `say` gets a line per notebook, `progress` each notebook's cells as they start."""
+    `say` gets a line per notebook, `progress` each notebook's cells as they start. `first_kernel`: the first
+    notebook's kernel, already starting (a launched run starts it while the server starts); the caller shuts it
+    down if the batch never takes it."""
     declared = plan(notebooks, parameters)
     sources = list(declared)
     parse_hardware(hardware)  # a bad --hardware fails before anything runs
@@ -222,16 +231,35 @@ def run_batch(
     checks = verify_checks(recipe, sources)
     if checks is not None:
         common["CHECKS"] = checks  # only the verify notebook declares CHECKS; --param CHECKS=... still wins
+    upcoming: StartedKernel | None = first_kernel or StartedKernel(KERNEL, run_dir, KERNEL_ARGUMENTS)
+    exiting: list[threading.Thread] = []  # kernels of finished notebooks, shutting down while the next one runs
     for number, source in enumerate(sources, 1):
         say(f"[{number}/{len(sources)}] {source.stem} ...")
         given = {**common, **(parameters or {})}
         task = Task(progress, f"[{number}/{len(sources)}] {source.stem}")
-        outcome = execute_notebook(source, run_dir, {k: v for k, v in given.items() if k in declared[source]}, task)
+        current, upcoming = upcoming, None
+        try:
+            kernel = current.take() if current is not None else None
+            if number < len(sources):  # the next notebook's kernel starts while this one runs
+                upcoming = StartedKernel(KERNEL, run_dir, KERNEL_ARGUMENTS)
+            outcome = execute_notebook(source, run_dir, {k: v for k, v in given.items() if k in declared[source]}, task,
+                                       kernel)
+        except BaseException:  # Ctrl-C: no kernel left running
+            for pending in (current, upcoming):
+                if pending is not None:
+                    pending.shutdown()
+            for thread in exiting:
+                thread.join()
+            raise
+        if current is not None:
+            exiting.append(current.shutdown_in_background())
         task.finish(outcome.status)
         summary.notebooks.append(outcome)
         say(f"[{number}/{len(sources)}] {source.stem}: {outcome.status} in {outcome.seconds:.0f} s"
             + (f" ({outcome.error})" if outcome.error else ""))
 
+    for thread in exiting:
+        thread.join()
     results = merge_parts(run_dir, recipe)
     if results is not None and results.check("server-health") is not None:
         health = whole_run_health(session, start)
@@ -286,11 +314,16 @@ def run_recipe(
     run_dir = prepare_run_dir(recipe, out)
     if base_url:
         return run_batch(recipe, base_url, run_dir, notebooks, parameters, hardware, False, say, progress)
-    with Server(recipe, run_dir=run_dir, say=say, progress=progress) as server:
-        assert server.ready is not None
-        say(server.ready.line())
-        summary = run_batch(recipe, server.ready.base_url, run_dir, notebooks, parameters, hardware, True, say, progress)
-        summary.timings = {"server_start_s": round(server.ready.startup_s, 1), **summary.timings}
+    kernel = StartedKernel(KERNEL, run_dir, KERNEL_ARGUMENTS)  # the first notebook's, while the server starts
+    try:
+        with Server(recipe, run_dir=run_dir, say=say, progress=progress) as server:
+            assert server.ready is not None
+            say(server.ready.line())
+            summary = run_batch(recipe, server.ready.base_url, run_dir, notebooks, parameters, hardware, True, say,
+                                progress, kernel)
+            summary.timings = {"server_start_s": round(server.ready.startup_s, 1), **summary.timings}
+    finally:
+        kernel.shutdown()  # a no-op once the batch has run it
     write_atomic(run_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")
     return summary
 

@@ -116,6 +116,42 @@ def test_a_failing_notebook_keeps_its_error_and_the_others_still_run(cpu_server:
     index = (run_dir / "index.html").read_text()
     assert "failed: 02_broken" in index and "02_broken.html" in index and "first label" in index
     assert any("02_broken: failed" in line for line in lines)
+    assert kernels_in(run_dir) == []  # each notebook's kernel (started ahead of it) is stopped after it
+
+
+def kernels_in(folder: Path) -> list[int]:
+    """Kernel processes (ipykernel) running in `folder`: a batch starts each one there, ahead of its notebook."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.joinpath("cwd").resolve() == folder.resolve() and b"ipykernel" in proc.joinpath("cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def test_an_interrupted_batch_leaves_no_kernel_running(cpu_server: Endpoint, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during the second notebook: its kernel and the third one's, already started, are both stopped."""
+    books = tmp_path / "books"
+    books.mkdir()
+    sources = [make_notebook(books, f"0{n}_part", WRITES_PART.format(name=f"part{n}")) for n in (1, 2, 3)]
+    run_dir = tmp_path / "run"
+    real = batch.execute_notebook
+    calls: list[int] = []
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        calls.append(len(kernels_in(run_dir)))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batch, "execute_notebook", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_batch(load_recipe(CPU), cpu_server.base_url, run_dir, sources, say=lambda _line: None)
+    assert calls[1] >= 1  # the second notebook's kernel was up when it was interrupted
+    assert kernels_in(run_dir) == []
 
 
 def test_run_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

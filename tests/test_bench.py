@@ -172,6 +172,8 @@ def test_cold_figure_range_and_single_value() -> None:
     one = cold_figure(7000, [(0.5, _stream(32, 1.1, 1.84), {})], 32, CPU, warmup_s=3.0)
     assert one.result == "1.8 s to the answer" and one.details["warmup_cold_prefill_s"] == 3.0
     assert "fresh cache_salt" in one.measured_as
+    straddles = cold_figure(6000, [(0.1, _stream(32, 9.0, 9.98), {}), (0.9, _stream(32, 9.5, 10.3), {})], 32, CPU, None)
+    assert straddles.result == "10 s to the answer"  # not "10.0 to 10 s"
     failed = cold_figure(7000, [(0.5, _stream(0, 0, 0, ok=False, error="HTTP 400: too long"), {})], 32, CPU, None)
     assert failed.result == "failed" and failed.failed_requests == 1 and failed.details["errors"] == ["HTTP 400: too long"]
 

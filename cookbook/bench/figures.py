@@ -21,8 +21,9 @@ def _fmt_rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def _fmt_seconds(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+def _fmt_seconds(value: float, scale: float | None = None) -> str:
+    """Whole seconds from 10 s on, else tenths; `scale`: the value that decides the precision (a range's top)."""
+    return f"{value:.0f}" if (value if scale is None else scale) >= 10 else f"{value:.1f}"
 
 
 def _measured_as(extra: str, hardware: Hardware) -> str:
@@ -93,7 +94,8 @@ def cold_figure(
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     if seconds:
         low, high = min(seconds), max(seconds)
-        shown = _fmt_seconds(low) if _fmt_seconds(low) == _fmt_seconds(high) else f"{_fmt_seconds(low)} to {_fmt_seconds(high)}"
+        low_shown = _fmt_seconds(low, high)  # both ends at one precision: never "10.0 to 10 s"
+        shown = low_shown if low_shown == _fmt_seconds(high) else f"{low_shown} to {_fmt_seconds(high)}"
         result = f"{shown} s to the answer"
     else:
         result = "failed"
