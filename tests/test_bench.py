@@ -503,8 +503,8 @@ class _MetricsServer(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        body = self.text.encode()
-        self.send_response(200 if self.path == "/metrics" else 404)
+        body = self.text.encode() if self.path == "/metrics" else b""
+        self.send_response(200 if self.path in ("/metrics", "/health") else 404)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -592,12 +592,14 @@ def _needle_part(folder: Path, started: float | None, base_url: str, cached: int
     """A needle notebook's part as `Session.write_part` leaves it: two lengths, two depths each."""
     from cookbook.results import CheckResult, write_results
 
-    cells = [{"target_tokens": n, "prompt_tokens": n + 3, "depth": d, "seconds": n / 1000 + d, "found": True,
+    cells = [{"target_tokens": n, "prompt_tokens": n + 3, "depth": d, "actual_depth": d, "needle_key": "k",
+              "needle_value": "1234567", "seconds": n / 1000 + d, "found": True,
               "answer": "The number is 1234567.", "answer_token_ids": [1, 2, 3, 4, 5, 6],
               "cached_tokens": cached if (n, d) == (4000, 0.9) else 0, "finish_reason": "stop"}
              for n in (2000, 4000) for d in (0.1, 0.9)]
     check = CheckResult(name="needles", label="Needle in a haystack, 2 depths, cold", status="pass", result="2/2",
-                        details={"cells": cells, "server": {"base_url": base_url, "model": "m", "process_start_time": started}})
+                        details={"lengths": [2000, 4000], "depths": [0.1, 0.9], "cells": cells,
+                                 "server": {"base_url": base_url, "model": "m", "process_start_time": started}})
     write_results(RunResults(recipe="r", model="m", hardware=CPU, checks=[check]), folder / "parts" / "needles.json")
 
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checks.needles import NeedleCell, NeedleGrid
+from ..checks.registry import snapshot_server
 from ..endpoint import Endpoint
-from ..errors import ResultsError, ServerDown, ServerError
+from ..errors import ResultsError
 from ..results import read_results
 from ..secrets import strip_url_credentials
 from .client import StreamResult
@@ -42,20 +44,13 @@ class MeasuredCold:
         return chosen if len(chosen) == len(depths) else None
 
 
-def _cell_run(cell: dict[str, Any]) -> ColdRun:
+def _cell_run(cell: NeedleCell) -> ColdRun:
     """A needle cell as the benchmark's cold run: end to end only (non-streamed), its prompt and answer tokens."""
-    result = StreamResult(
-        ok=True,
-        prompt_tokens=cell.get("prompt_tokens"),
-        output_tokens=len(cell.get("answer_token_ids") or []),
-        cached_tokens=cell.get("cached_tokens"),
-        e2e_s=float(cell["seconds"]),
-        text=str(cell.get("answer") or ""),
-        finish_reason=cell.get("finish_reason"),
-    )
-    info = {"needle_found": bool(cell.get("found")), "asked_prompt_tokens": cell.get("target_tokens"),
-            "measured_by": MEASURED_BY}
-    return float(cell["depth"]), result, info
+    result = StreamResult(ok=True, prompt_tokens=cell.prompt_tokens, output_tokens=len(cell.answer_token_ids),
+                          cached_tokens=cell.cached_tokens, e2e_s=cell.seconds, text=cell.answer,
+                          finish_reason=cell.finish_reason)
+    info = {"needle_found": cell.found, "asked_prompt_tokens": cell.target_tokens, "measured_by": MEASURED_BY}
+    return cell.depth, result, info
 
 
 def needle_cold_runs(part: str | Path, endpoint: Endpoint) -> MeasuredCold:
@@ -72,22 +67,17 @@ def needle_cold_runs(part: str | Path, endpoint: Endpoint) -> MeasuredCold:
     if check is None or not check.details.get("cells"):
         return MeasuredCold(note="the needle results hold no cells: the cold prompts are sent")
     server = check.details.get("server") or {}
-    try:
-        started = endpoint.process_start_time()
-    except ServerDown:
-        raise
-    except ServerError:
-        started = None
+    started = snapshot_server(endpoint).process_start_time  # as the needle check recorded it (`server_identity`)
     same = (started is not None and server.get("process_start_time") == started and server.get("model") == endpoint.model
             and server.get("base_url") == strip_url_credentials(endpoint.base_url))
     if not same:
         return MeasuredCold(note="the needle results in this run folder come from another server process (or do not "
                                  "say which): the cold prompts are sent")
-    by_length: dict[int, list[dict[str, Any]]] = {}
-    for cell in check.details["cells"]:
-        by_length.setdefault(int(cell["target_tokens"]), []).append(cell)
+    by_length: dict[int, list[NeedleCell]] = {}
+    for cell in NeedleGrid.model_validate(check.details).cells:
+        by_length.setdefault(cell.target_tokens, []).append(cell)
     runs = {length: [_cell_run(c) for c in cells] for length, cells in by_length.items()
-            if all(not c.get("cached_tokens") and c.get("seconds") is not None for c in cells)}
+            if not any(c.cached_tokens for c in cells)}
     skipped = sorted(set(by_length) - set(runs))
     note = (f"cold prompts: the {sum(len(r) for r in runs.values())} cells of {MEASURED_BY} on this same server "
             "(not sent twice)")
