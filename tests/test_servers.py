@@ -18,13 +18,18 @@ from cookbook.launch import session_pids
 
 import servers as servers_mod
 from servers import BIND_VAR, SPECS, Registry, registry_server
+from terminal import from_a_terminal
 
 TESTS = Path(__file__).resolve().parent
 
 CHILD_CONFTEST = """
-import sys
+import faulthandler, signal, sys
 sys.path.insert(0, {tests!r})
 import pytest
+from pathlib import Path
+
+# On SIGUSR1 the child writes every thread's stack: what the parent shows when the child outlives its deadline
+faulthandler.register(signal.SIGUSR1, file=open(Path(__file__).with_name("stacks.txt"), "w"), all_threads=True)
 from servers import Registry
 
 @pytest.fixture(scope="session")
@@ -50,8 +55,8 @@ def _child_run(tmp_path: Path, *pytest_args: str) -> tuple[subprocess.Popen[byte
     pid_file = tmp_path / "server.pid"
     (tmp_path / "conftest.py").write_text(textwrap.dedent(CHILD_CONFTEST.format(tests=str(TESTS))))
     (tmp_path / "test_child.py").write_text(textwrap.dedent(CHILD_TEST.format(pid_file=str(pid_file))))
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args,
-                              str(tmp_path / "test_child.py")], cwd=tmp_path, stdout=subprocess.DEVNULL,
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, str(tmp_path / "test_child.py")]
+    child = subprocess.Popen(from_a_terminal(argv), cwd=tmp_path, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while not pid_file.is_file() or not pid_file.read_text():
@@ -61,6 +66,27 @@ def _child_run(tmp_path: Path, *pytest_args: str) -> tuple[subprocess.Popen[byte
     sid = int(pid_file.read_text())
     assert session_pids(sid), "the stand-in server session should be running"
     return child, sid
+
+
+def _child_state(pid: int, tmp_path: Path) -> str:
+    """What a child that did not exit was doing: its signal masks and threads (/proc) and every thread's stack
+    (faulthandler, on SIGUSR1)."""
+    lines = []
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        lines += [line for line in status if line.startswith(("State", "Threads", "Sig", "ShdPnd"))]
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            comm = (task / "comm").read_text().strip()
+            wchan = (task / "wchan").read_text().strip() if (task / "wchan").is_file() else "?"
+            blocked = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk"))
+            lines.append(f"thread {task.name} {comm}: wchan {wchan}, {blocked}")
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
+    except (OSError, StopIteration) as err:
+        lines.append(f"(/proc: {err})")
+    stacks = tmp_path / "stacks.txt"
+    lines.append(stacks.read_text() if stacks.is_file() else "(no stacks written)")
+    return "\n".join(lines)
 
 
 def _gone_within(sid: int, seconds: float) -> bool:
@@ -81,7 +107,10 @@ def test_a_killed_run_leaves_no_server_behind(tmp_path: Path, how: str) -> None:
             os.killpg(child.pid, signal.SIGINT)
         elif how == "sigkill":
             os.killpg(child.pid, signal.SIGKILL)
-        child.wait(timeout=120)  # the timeout kills itself (os._exit) a few seconds in
+        try:
+            child.wait(timeout=120)  # the timeout kills itself (os._exit) a few seconds in
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the child run outlived its {how} by 120 s:\n{_child_state(child.pid, tmp_path)}")
         assert _gone_within(sid, 40), f"the server session {sid} outlived the {how} of its run"
     finally:
         for pid in session_pids(sid):
