@@ -20,6 +20,7 @@ from cookbook.recipes import Recipe, load_recipe
 
 from lanes import assign, lane_limits, parse_lane
 from servers import CPU_RECIPE, HYBRID_RECIPE, SESSION_SERVERS, Registry, Running, registry_server, uses_server
+from terminal import take_ctrl_c_back
 
 REGISTRY_KEY = pytest.StashKey[Registry]()
 _NEEDS: dict[str, list[str]] = {}  # test id -> the registry servers it needs (from its fixtures, at collection)
@@ -55,6 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the tmpdir plugin's: the servers' folders are under the run's basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    take_ctrl_c_back()  # before any child starts: tests send children Ctrl-C (tests/terminal.py)
     config.addinivalue_line("markers", "own_server: runs a vLLM process of its own outside the registry (a refused "
                                        "start, a model without a recipe, a parser capture); left out of --tier fast")
     config.addinivalue_line("markers", "browser: drives Debian's Chromium; left out of --tier fast")

@@ -33,8 +33,6 @@ from cookbook.image import cpu_flags
 from cookbook.launch import attach, free_port, launch_flags, session_pids
 from cookbook.recipes import REPO_ROOT, Recipe, load_recipe
 
-from terminal import from_a_terminal
-
 CPU_RECIPE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HYBRID_RECIPE = "cookbook/tiny-qwen3-next"
 GEMMA_RECIPE = "cookbook/tiny-gemma3"
@@ -409,9 +407,8 @@ class Registry:
         if core is not None:
             env[BIND_VAR] = str(core)
             self._note(spec.name, core=core)
-        # Its stop is Ctrl-C (`stop`), as a user's at a terminal, whichever way this run was started (tests/terminal.py)
-        proc = subprocess.Popen(from_a_terminal(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=REPO_ROOT, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+                                env=env, start_new_session=True)
         self.guard.add(proc.pid)
         sessions = {proc.pid}
         assert proc.stdout is not None

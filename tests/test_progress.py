@@ -20,7 +20,6 @@ import pytest
 from cookbook.progress import Event, LineRenderer, Task, run_reporting, session_pids
 
 from servers import Registry
-from terminal import from_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -205,9 +204,8 @@ class _Output:
 
 @contextlib.contextmanager
 def _terminal_command(argv: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], _Output]]:
-    """A command in a process group of its own, with Ctrl-C at its default, as a terminal starts one; killed if the test
-    leaves it running."""
-    proc = subprocess.Popen(from_a_terminal(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+    """A command in a process group of its own, as a terminal starts one; killed if the test leaves it running."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True)
     try:
         yield proc, _Output(proc)

@@ -18,7 +18,6 @@ from cookbook.launch import session_pids
 
 import servers as servers_mod
 from servers import BIND_VAR, SPECS, Registry, registry_server
-from terminal import from_a_terminal
 
 TESTS = Path(__file__).resolve().parent
 
@@ -55,8 +54,8 @@ def _child_run(tmp_path: Path, *pytest_args: str) -> tuple[subprocess.Popen[byte
     pid_file = tmp_path / "server.pid"
     (tmp_path / "conftest.py").write_text(textwrap.dedent(CHILD_CONFTEST.format(tests=str(TESTS))))
     (tmp_path / "test_child.py").write_text(textwrap.dedent(CHILD_TEST.format(pid_file=str(pid_file))))
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, str(tmp_path / "test_child.py")]
-    child = subprocess.Popen(from_a_terminal(argv), cwd=tmp_path, stdout=subprocess.DEVNULL,
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args,
+                              str(tmp_path / "test_child.py")], cwd=tmp_path, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while not pid_file.is_file() or not pid_file.read_text():
@@ -69,24 +68,16 @@ def _child_run(tmp_path: Path, *pytest_args: str) -> tuple[subprocess.Popen[byte
 
 
 def _child_state(pid: int, tmp_path: Path) -> str:
-    """What a child that did not exit was doing: its signal masks and threads (/proc) and every thread's stack
-    (faulthandler, on SIGUSR1)."""
-    lines = []
+    """What a child that did not exit was doing: its signal state (/proc) and every thread's stack (faulthandler)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text().splitlines()
-        lines += [line for line in status if line.startswith(("State", "Threads", "Sig", "ShdPnd"))]
-        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
-            comm = (task / "comm").read_text().strip()
-            wchan = (task / "wchan").read_text().strip() if (task / "wchan").is_file() else "?"
-            blocked = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk"))
-            lines.append(f"thread {task.name} {comm}: wchan {wchan}, {blocked}")
+        status = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith(("State", "Threads", "Sig", "ShdPnd"))]
         os.kill(pid, signal.SIGUSR1)
         time.sleep(2)
-    except (OSError, StopIteration) as err:
-        lines.append(f"(/proc: {err})")
+    except OSError as err:
+        status = [f"(/proc: {err})"]
     stacks = tmp_path / "stacks.txt"
-    lines.append(stacks.read_text() if stacks.is_file() else "(no stacks written)")
-    return "\n".join(lines)
+    return "\n".join([*status, stacks.read_text() if stacks.is_file() else "(no stacks written)"])
 
 
 def _gone_within(sid: int, seconds: float) -> bool:
