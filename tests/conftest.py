@@ -81,6 +81,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """Modules with no server first (their time overlaps the first servers' start-up), then the rest in their own
     order, the tests that stop a shared server last; then the registry's plan from that order."""
     needs = {item.nodeid: _servers_of(item) for item in items}
+    unmarked = [item.nodeid for item in items if needs[item.nodeid] and not item.get_closest_marker("integration")]
+    if unmarked:  # else the unit run (`-m "not integration"`, on every xdist worker) starts real servers
+        raise pytest.UsageError(f"{unmarked[0]}: needs the {needs[unmarked[0]][0]} server but is not marked "
+                                f"integration ({len(unmarked)} such test(s))")
     if config.getoption("tier") == "fast":
         slow = [item for item in items if set(needs[item.nodeid]) - SESSION_SERVERS
                 or any(item.get_closest_marker(mark) for mark in ("own_server", "browser", "sim_image"))]

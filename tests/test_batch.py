@@ -131,6 +131,7 @@ def kernels_in(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.integration
 def test_an_interrupted_batch_leaves_no_kernel_running(cpu_server: Endpoint, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C during the second notebook: its kernel and the third one's, already started, are both stopped."""

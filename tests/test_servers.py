@@ -174,3 +174,16 @@ def test_a_set_binding_or_one_core_leaves_vllms_own(tmp_path: Path, monkeypatch:
     monkeypatch.setenv(BIND_VAR, "1")
     assert registry._pick_core(SPECS["smol"]) is None
     registry.guard.close()
+
+
+def test_a_test_that_needs_a_server_but_is_not_marked_integration_stops_the_run(tmp_path: Path) -> None:
+    """The unit run (`-m "not integration"`, on every xdist worker) would otherwise start a real server in each worker
+    ahead of it: the session's conftest refuses such a test at collection, naming it."""
+    (tmp_path / "test_unmarked.py").write_text("def test_uses_the_server(cpu_server):\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "--collect-only", "-m", "not integration", str(tmp_path / "test_unmarked.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert ("test_unmarked.py::test_uses_the_server: needs the smol server but is not marked integration"
+            in done.stdout + done.stderr)
