@@ -31,6 +31,9 @@ export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$venv/bin:$PATH"
 export COOKBOOK_CACHE="$cache"
 export HF_HUB_OFFLINE=1
+# mypy's incremental cache beside the environment, not in the checkout: a fresh clone's `make lint` and hygiene test
+# re-check only what differs from the last run (mypy compares each file's hash when its mtime is new).
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-$cache/mypy/$(basename "$venv")}"
 # The `gaudi-cookbook` Jupyter kernel that papermill and `make lab` use: installed where it is absent.
 "$here/scripts/install-kernel.sh" --if-missing || echo "cookbook: warning: the Jupyter kernel gaudi-cookbook is not installed" >&2
 exec "$@"

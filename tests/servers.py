@@ -392,6 +392,7 @@ class Registry:
         run_dir = self.base_dir / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
+        self._note(spec.name, port=port)  # benchmarks/cpu_by_process.py names a server's processes by it
         if spec.via_cli:
             if spec.env or spec.flags(recipe):
                 raise ValueError(f"{spec.name}: a `cookbook serve` server takes the recipe as it is")

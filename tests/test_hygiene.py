@@ -71,7 +71,8 @@ def test_ruff_finds_nothing() -> None:
 
 
 def test_mypy_finds_nothing() -> None:
-    proc = _run([sys.executable, "-m", "mypy"], ROOT)  # its cache, .mypy_cache/, makes a second run take seconds
+    # Its cache (MYPY_CACHE_DIR, in the cache folder: scripts/in-env.sh) makes a later run, in any clone, take seconds.
+    proc = _run([sys.executable, "-m", "mypy"], ROOT)
     assert proc.returncode == 0, f"mypy (pyproject.toml [tool.mypy]; `make lint`):\n{proc.stdout}{proc.stderr}"
     assert "no issues found" in proc.stdout
 
