@@ -11,8 +11,9 @@ which work that is. Wall time per test (benchmarks/suite_time.py) cannot, since 
 another lane run at the same time. A process that lives less than a second between two reads is missed: the table's
 last line says how much CPU the machine spent that no read saw.
 
-A vLLM server is named by its `--port` and `--served-model-name`; with COOKBOOK_TEST_TIMES set (tests/servers.py logs
-each registry server's port) it is named by the registry's server name instead."""
+A vLLM server is named by its `--port` and `--served-model-name`. With COOKBOOK_TEST_TIMES set it takes the registry's
+server name, but only from a registry record already written: tests/servers.py writes a server's record (its port
+included) when the server stops, so a server still running when it is first read keeps its port name."""
 from __future__ import annotations
 
 import argparse
