@@ -25,6 +25,7 @@ from terminal import take_ctrl_c_back
 REGISTRY_KEY = pytest.StashKey[Registry]()
 _NEEDS: dict[str, list[str]] = {}  # test id -> the registry servers it needs (from its fixtures, at collection)
 # Tests that stop a registry server themselves: they run last, once every other user of it is done.
+_REGISTRY: list[Registry] = []  # this process's registry, for the time log's hook (a report carries no config)
 RUN_LAST = ("test_cookbook_serve_stops_on_sigint_without_orphans",)
 
 
@@ -74,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[REGISTRY_KEY] = Registry(base, Path(times) if times else None, max_alive, cores)
     else:
         config.stash[REGISTRY_KEY] = Registry(base, Path(times) if times else None)
+    _REGISTRY[:] = [config.stash[REGISTRY_KEY]]
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the plan is of the tests that will run
@@ -132,6 +134,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
               "outcome": report.outcome, "at": time.time(),
               "integration": "integration" in report.keywords}
     record["servers"] = _NEEDS.get(report.nodeid, [])
+    record["server_cpu_s"] = _REGISTRY[0].cpu_since_last() if _REGISTRY else {}
     with open(times, "a") as out:
         out.write(json.dumps(record) + "\n")
 

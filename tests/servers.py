@@ -244,6 +244,7 @@ class Registry:
         self._record: dict[str, dict[str, Any]] = {}
         self._cores: dict[str, int] = {}  # the core each started server's worker is bound to (when the registry chose)
         self._last_used: str | None = None
+        self._cpu_seen: dict[str, float] = {}  # each server's CPU-seconds at the last cpu_since_last
 
     # -- the plan ------------------------------------------------------------------------------------------------
 
@@ -482,6 +483,16 @@ class Registry:
         if done:
             self.write_time(dict(record))
 
+    def cpu_since_last(self) -> dict[str, float]:
+        """CPU-seconds each running server's processes spent since the last call (the time log's per-test figure:
+        which test keeps which server busy)."""
+        with self._lock:
+            sessions = {sid: name for name, running in self._running.items() for sid in running.sessions}
+        now = _session_cpu(sessions)
+        out = {name: round(total - self._cpu_seen.get(name, 0.0), 2) for name, total in now.items()}
+        self._cpu_seen.update(now)
+        return {name: spent for name, spent in out.items() if spent > 0}
+
     def _note_wait(self, name: str, waited_s: float) -> None:
         with self._lock:
             record = self._record.setdefault(name, {"server": name})
@@ -523,6 +534,24 @@ def measure_pace(endpoint: Endpoint) -> float:
         endpoint.post("/v1/completions", body, timeout_s=600)
         best = min(best, (time.monotonic() - started) / PACE_TOKENS)
     return best
+
+
+def _session_cpu(sessions: dict[int, str]) -> dict[str, float]:
+    """CPU-seconds (user and system) of the live processes in each session, summed by the name it maps to."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(sessions.values(), 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        name = sessions.get(int(fields[3])) if len(fields) > 12 else None
+        if name is not None:
+            totals[name] += (int(fields[11]) + int(fields[12])) / tick
+    return totals
 
 
 def _available_gib() -> float:
