@@ -49,8 +49,11 @@ def read(path: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
             servers.append(record)
             continue
         test = tests.setdefault(record["test"], {"test": record["test"], "integration": record["integration"],
-                                                 "servers": record["servers"], "total": 0.0, "outcome": "passed"})
+                                                 "servers": record["servers"], "total": 0.0, "outcome": "passed",
+                                                 "server_cpu": {}})
         test["total"] += record["duration"]
+        for name, spent in (record.get("server_cpu_s") or {}).items():
+            test["server_cpu"][name] = test["server_cpu"].get(name, 0.0) + spent
         test[record["phase"]] = record["duration"]
         if record["outcome"] != "passed":
             test["outcome"] = record["outcome"]
@@ -88,10 +91,30 @@ def table(path: Path, wall_s: float | None = None, load: str = "") -> str:
     for test in slow:
         parts = "/".join(f"{test.get(p, 0):.0f}" for p in ("setup", "call", "teardown"))
         lines.append(f"  {test['total']:>6.1f}  ({parts})  {test['test'][:110]}")
+    lines += server_cpu_lines(tests)
     failed = [t["test"] for t in tests.values() if t["outcome"] == "failed"]
     if failed:
         lines += ["", f"{len(failed)} failed: " + ", ".join(failed[:10])]
     return "\n".join(lines)
+
+
+def server_cpu_lines(tests: dict[str, dict[str, Any]], top: int = 20) -> list[str]:
+    """Each server's CPU-seconds over the run, and the tests that kept the servers busiest (the time log's
+    server_cpu_s: on a saturated machine, wall time falls only where this work does)."""
+    by_server: dict[str, float] = defaultdict(float)
+    for test in tests.values():
+        for name, spent in test["server_cpu"].items():
+            by_server[name] += spent
+    if not by_server:
+        return []
+    lines = ["", f"{'server':<22} {'CPU-s during tests':>18}"]
+    lines += [f"{name:<22} {spent:>18.0f}" for name, spent in sorted(by_server.items(), key=lambda kv: -kv[1])]
+    busiest = sorted(tests.values(), key=lambda t: -sum(t["server_cpu"].values()))[:top]
+    lines += ["", "tests that kept servers busiest (server CPU-s, by server):"]
+    for test in busiest:
+        spent = ", ".join(f"{name} {cpu:.0f}" for name, cpu in sorted(test["server_cpu"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {sum(test['server_cpu'].values()):>6.1f}  {test['test'][:90]}  ({spent})")
+    return lines
 
 
 # What `make test` runs (the Makefile): the unit tests on every core, then the rest in one process.
