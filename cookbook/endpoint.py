@@ -293,6 +293,9 @@ def metric_value(metrics: list[Metric], name: str, **labels: str) -> float | Non
 
 # The server's prefill pace is read once it has computed this many prompt tokens: fewer say too little.
 PACE_MIN_TOKENS = 500
+# A /health that gave no answer within its first timeout gets this much longer before the server counts as down
+# (Endpoint.healthy): a server that is gone refuses the connection at once; one that is only starved of CPU answers late.
+SLOW_HEALTH_RETRY_S = 30.0
 
 
 def prefill_pace_from_metrics(metrics: list[Metric]) -> float | None:
@@ -473,9 +476,19 @@ class Endpoint:
         except httpx2.TimeoutException as exc:
             raise RequestTimeout(f"{self.base_url}{path}: {exc}") from None
 
-    def healthy(self, timeout_s: float = 5.0) -> bool:
+    def healthy(self, timeout_s: float = 5.0, slow_retry_s: float = SLOW_HEALTH_RETRY_S) -> bool:
+        """/health answers 200. A refused or broken connection is a no at once; no answer within `timeout_s` gets
+        one more try of `slow_retry_s` first (0: none, for a caller that polls): on a loaded host a live server's
+        /health can wait seconds, and a no here ends a run ("server down")."""
         try:
             return self._get("/health", timeout_s, budgeted=False).status_code == 200
+        except RequestTimeout:
+            if slow_retry_s <= 0:
+                return False
+        except ServerError:
+            return False
+        try:
+            return self._get("/health", slow_retry_s, budgeted=False).status_code == 200
         except ServerError:
             return False
 

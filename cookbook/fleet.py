@@ -119,7 +119,7 @@ class _HealthWatch:
     def _watch(self) -> None:
         failed = 0
         while not self._stop.wait(self.poll_s):
-            if self.endpoint.healthy(timeout_s=max(1.0, self.poll_s * 2)):
+            if self.endpoint.healthy(timeout_s=max(1.0, self.poll_s * 2), slow_retry_s=0):
                 failed = 0
                 continue
             failed += 1
@@ -215,7 +215,7 @@ class FleetRunner:
         probe = Endpoint(base_url, model)
         try:
             while not self._interrupted.is_set():
-                if probe.healthy(timeout_s=10.0):
+                if probe.healthy(timeout_s=10.0, slow_retry_s=0):
                     return True
                 if time.monotonic() >= deadline:
                     return False

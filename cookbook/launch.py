@@ -323,7 +323,7 @@ class Server:
                     raise LaunchError(
                         f"the server exited during start-up (exit {code}); log: {self.log_path}", self.log_tail()
                     )
-                if endpoint.healthy(timeout_s=1.0):
+                if endpoint.healthy(timeout_s=1.0, slow_retry_s=0):
                     task.finish("/health answers")
                     return
                 last = _LOG_PREFIX.sub("", next((line for line in reversed(self._tail) if line.strip()), "").strip())

@@ -143,3 +143,44 @@ def test_an_endpoint_for_another_thread_keeps_the_server_and_credentials_with_a_
     twin.close()
     assert endpoint.for_another_thread().timeout_s == 60.0
     endpoint.close()
+
+
+class _SlowHealth(BaseHTTPRequestHandler):
+    """/health answers 200 after `delay_s`: a live server starved of CPU."""
+
+    delay_s = 0.0
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        import time
+
+        time.sleep(self.delay_s)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_slow_health_is_not_a_server_down_and_a_refused_one_is_at_once() -> None:
+    import socket
+    import time
+
+    handler = type("Slow", (_SlowHealth,), {"delay_s": 0.6})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "m")
+        assert endpoint.healthy(timeout_s=0.2, slow_retry_s=5.0)  # late, not gone: one more, longer try
+        assert not endpoint.healthy(timeout_s=0.2, slow_retry_s=0)  # a poller's single try: late is a no
+        assert not endpoint.healthy(timeout_s=0.2, slow_retry_s=0.3)  # later than both tries: a no
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as sock:  # a port nobody listens on: refused, a no without waiting out the retry
+        sock.bind(("127.0.0.1", 0))
+        refused = Endpoint(f"http://127.0.0.1:{sock.getsockname()[1]}", "m")
+    started = time.monotonic()
+    assert not refused.healthy(timeout_s=2.0, slow_retry_s=30.0)
+    assert time.monotonic() - started < 2.0

@@ -283,7 +283,7 @@ def test_a_needle_lost_beyond_a_depth_fails_the_grid(cpu_server: Endpoint, cpu_r
     from cookbook.faults_longctx import NeedleLostBeyond
 
     result = _needles_through(cpu_server, cpu_recipe, NeedleLostBeyond(depth=0.5), [800], [0.1, 0.9])
-    assert result.status == "fail"
+    assert result.status == "fail", (result.result, [e.note for e in result.evidence])
     assert result.result == "1/2 at 800 tokens"
     [miss] = [c for c in result.details["cells"] if not c["found"]]
     assert miss["depth"] == 0.9
@@ -310,7 +310,7 @@ def test_a_shorter_needle_lost_or_altered_still_fails(cpu_server: Endpoint, cpu_
     with FaultProxy(cpu_server.base_url, NeedleLostBeyond(depth=0.5)) as proxy:
         params = {"needle_lengths": [800], "needle_depths": [0.1, 0.9], "needle_digits": 5}
         [result] = run_checks(CheckContext(Endpoint(proxy.base_url, cpu_server.model), cpu_recipe, params=params), ["needles"]).checks
-    assert result.status == "fail" and result.result == "1/2 at 800 tokens"
+    assert result.status == "fail" and result.result == "1/2 at 800 tokens", (result.result, [e.note for e in result.evidence])
     assert all(len(c["needle_value"]) == 5 for c in result.details["cells"])
     [miss] = [c for c in result.details["cells"] if not c["found"]]
     assert miss["depth"] == 0.9 and miss["needle_value"] not in miss["answer"]

@@ -223,6 +223,7 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Progress |
     server_down = not ctx.run_start.healthy
     stalled = 0  # checks in a row that ran out of their requests' deadline
     not_run = "not run: server down"
+    why_not_run = [Evidence(note=f"{ctx.endpoint.base_url}/health did not answer 200 before the first check")] if server_down else []
     specs = selected_checks(names, recipe)
     task = ctx.task = Task(progress, "checks", total=len(specs))
     for spec in specs:
@@ -238,7 +239,8 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Progress |
             not_run = f"not run: the API gave no answer within the deadline in {stalled} checks in a row"
             results.stopped = results.stopped or f"{not_run.removeprefix('not run: ')} (before {spec.name})"
         if server_down:
-            results.checks.append(CheckResult(name=spec.name, label=label, status="not run", result=not_run))
+            results.checks.append(CheckResult(name=spec.name, label=label, status="not run", result=not_run,
+                                              evidence=list(why_not_run)))
             continue
         if skip_reason:
             results.checks.append(CheckResult(name=spec.name, label=label, status="skipped", result=f"not applicable: {skip_reason}"))
@@ -264,6 +266,7 @@ def _run_checks(ctx: CheckContext, names: list[str] | None, progress: Progress |
             results.stopped = results.stopped or f"server down during {spec.name}"
             outcome = CheckOutcome(False, "not run: server down", [Evidence(note=str(exc))])
             status = "not run"
+            why_not_run = [Evidence(note=f"server down during {spec.name}: {exc}")]
         except (RequestFailed, RequestTimeout) as exc:  # the server failed a request (mapped once, in endpoint)
             outcome = CheckOutcome(False, str(exc), [Evidence(note=str(exc))])
             status = "fail"
