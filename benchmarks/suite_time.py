@@ -3,11 +3,14 @@
     scripts/in-env.sh python benchmarks/suite_time.py                  # the whole suite, as `make test` runs it
     scripts/in-env.sh python benchmarks/suite_time.py -- -m "not integration"
     scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl   # print the table of an earlier run
+    scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl --weights tests/lane_weights.json
 
 The run writes COOKBOOK_TEST_TIMES (tests/conftest.py: one JSON line per test phase; tests/servers.py: one per
 server, with when it was asked for, when it answered /health, when it stopped, and how long tests waited for it)
 and prints: the wall time and machine load, the split (unit, shared-server, own-server, browser, notebooks), every
-server's start-up and life, and the slowest tests."""
+server's start-up and life, and the slowest tests. `--weights FILE` also writes each server test's seconds and each
+server's start-up as the lanes' weights (tests/lanes.py balances `make test`'s lanes with them); take them from a run
+on a warm cache, so that no one-off build weighs in."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +34,8 @@ def category(test: dict[str, Any]) -> str:
     module = test["test"].split("::", 1)[0]
     if module in BROWSER_MODULES:
         return "browser"
+    if test.get("sim_image"):
+        return "sim-image"
     if not test["integration"]:
         return "unit"
     if module in NOTEBOOK_MODULES:
@@ -49,6 +54,7 @@ def read(path: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
             servers.append(record)
             continue
         test = tests.setdefault(record["test"], {"test": record["test"], "integration": record["integration"],
+                                                 "sim_image": record.get("sim_image", False),
                                                  "servers": record["servers"], "total": 0.0, "outcome": "passed",
                                                  "server_cpu": {}})
         test["total"] += record["duration"]
@@ -70,7 +76,7 @@ def table(path: Path, wall_s: float | None = None, load: str = "") -> str:
         split[category(test)].append(test["total"])
     total = sum(sum(v) for v in split.values())
     lines += ["", f"{'part':<14} {'tests':>6} {'time (s)':>9} {'share':>6}"]
-    for name in ("unit", "shared-server", "own-server", "browser", "notebooks"):
+    for name in ("unit", "shared-server", "own-server", "sim-image", "browser", "notebooks"):
         times = split.get(name, [])
         lines.append(f"{name:<14} {len(times):>6} {sum(times):>9.0f} {sum(times) / total:>6.0%}" if total else name)
     lines.append(f"{'all':<14} {len(tests):>6} {total:>9.0f}  (tests' own time: server start-ups in the background "
@@ -117,6 +123,15 @@ def server_cpu_lines(tests: dict[str, dict[str, Any]], top: int = 20) -> list[st
     return lines
 
 
+def lane_weights(path: Path, measured: str) -> dict[str, Any]:
+    """The lanes' weights from a time log: each server-run test's seconds (setup + call + teardown) and each
+    server's start-up (asked for to /health), rounded; the unit run's tests are not in the lanes and are left out."""
+    tests, servers = read(path)
+    starts = {s["server"]: round(s["ready"] - s["requested"], 1) for s in servers if "ready" in s and "requested" in s}
+    lane_tests = {t["test"]: round(t["total"], 1) for t in tests.values() if t["integration"] or t["sim_image"]}
+    return {"measured": measured, "starts": dict(sorted(starts.items())), "tests": dict(sorted(lane_tests.items()))}
+
+
 # What `make test` runs (the Makefile): the unit tests on every core, then the rest in one process.
 MAKE_TEST_RUNS = [["-m", "not integration and not sim_image", "-n", "auto"], ["-m", "integration or sim_image"]]
 
@@ -125,12 +140,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, help="print the table of an earlier run's times file")
     parser.add_argument("--times", type=Path, help="where to write this run's times (default a temporary file)")
+    parser.add_argument("--weights", type=Path, help="also write the lanes' weights (tests/lane_weights.json) from the run")
+    parser.add_argument("--measured", default="", help="with --weights: what the weights were measured on (date, machine)")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite, as `make test` runs it)")
     args = parser.parse_args()
     if args.source:
         if not args.source.is_file():
             parser.error(f"--from: {args.source}: no such file")
         print(table(args.source))
+        if args.weights:
+            write_weights(args.weights, lane_weights(args.source, args.measured))
         return 0
     times = args.times or Path(tempfile.mkstemp(prefix="suite-times-", suffix=".jsonl")[1])
     times.write_text("")
@@ -144,7 +163,14 @@ def main() -> int:
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(table(times, wall, f"{load_before} / {load_after}"))
     print(f"\ntimes: {times}")
+    if args.weights:
+        write_weights(args.weights, lane_weights(times, args.measured))
     return code
+
+
+def write_weights(path: Path, weights: dict[str, Any]) -> None:
+    path.write_text(json.dumps(weights, indent=1) + "\n")
+    print(f"lane weights: {len(weights['tests'])} tests, {len(weights['starts'])} servers -> {path}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pytest
 from cookbook.endpoint import Endpoint
 from cookbook.recipes import Recipe, load_recipe
 
-from lanes import assign, lane_limits, parse_lane
+from lanes import assign, lane_limits, parse_lane, read_weights
 from servers import CPU_RECIPE, HYBRID_RECIPE, SESSION_SERVERS, Registry, Running, registry_server, uses_server
 from terminal import take_ctrl_c_back
 
@@ -97,10 +97,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     def module_of(item: pytest.Item) -> str:
         return getattr(getattr(item, "module", None), "__name__", "")
 
+    def lane_unit_of(item: pytest.Item) -> str:  # the reproducers share one fork server: one unit, one lane
+        return "sim_image" if item.get_closest_marker("sim_image") else module_of(item)
+
     lane = config.getoption("lane")
     if lane:
         k, n = parse_lane(lane)
-        lanes = assign([(item.nodeid, module_of(item), needs[item.nodeid]) for item in items], n)
+        try:
+            weights = read_weights()
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        lanes = assign([(item.nodeid, lane_unit_of(item), needs[item.nodeid]) for item in items], n, weights)
         others = [item for item in items if lanes[item.nodeid] != k]
         if others:
             config.hook.pytest_deselected(items=others)
@@ -132,7 +139,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     record = {"test": report.nodeid, "phase": report.when, "duration": round(report.duration, 3),
               "outcome": report.outcome, "at": time.time(),
-              "integration": "integration" in report.keywords}
+              "integration": "integration" in report.keywords, "sim_image": "sim_image" in report.keywords}
     record["servers"] = _NEEDS.get(report.nodeid, [])
     record["server_cpu_s"] = _REGISTRY[0].cpu_since_last() if _REGISTRY else {}
     with open(times, "a") as out:

@@ -1,9 +1,12 @@
 """tests/lanes.py: a run split in lanes never starts one server in two lanes, and each process computes the same split."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from lanes import assign, lane_limits, parse_lane, server_groups
+from lanes import UNKNOWN_START_S, UNKNOWN_TEST_S, Weights, assign, lane_limits, parse_lane, read_weights, server_groups
 
 TESTS = [
     ("m1::a", "m1", []), ("m1::b", "m1", ["smol"]), ("m1::c", "m1", ["small-pool", "smol"]),
@@ -53,3 +56,68 @@ def test_each_lane_binds_to_its_own_core_and_holds_fewer_servers() -> None:
 def test_a_bad_lane_names_the_option(text: str) -> None:
     with pytest.raises(ValueError, match=r"--lane"):
         parse_lane(text)
+
+
+def test_weights_balance_the_lanes_and_keep_every_server_in_one_lane() -> None:
+    weights = Weights(tests={"m1::b": 100, "m1::c": 100, "m2::a": 60, "m3::a": 50, "m3::b": 40, "m3::c": 40,
+                             "m6::a": 30, "m1::a": 1, "m2::b": 80, "m4::a": 90, "m5::a": 2},
+                      starts={"smol": 20, "small-pool": 20, "hybrid": 20, "gemma": 20, "oracle-rope-theta": 20,
+                              "too-long": 20})
+    lanes = assign(TESTS, 2, weights)
+    assert {lanes[t] for t in ("m1::b", "m1::c", "m3::b", "m3::c")} == {1}  # the session's group stays in lane 1
+    # Lane 1 starts with the session's group (340 s); the other units go, heaviest first, to the lighter lane.
+    load = {1: 0.0, 2: 0.0}
+    for test, _, servers in TESTS:
+        load[lanes[test]] += weights.test(test)
+    starts = {1: 0.0, 2: 0.0}
+    for name, lane in _server_lanes(lanes).items():
+        starts[lane] += weights.start(name)
+    total = {k: load[k] + starts[k] for k in load}
+    assert abs(total[1] - total[2]) <= max(weights.tests.values()) + max(weights.starts.values())
+    assert all(len(found) == 1 for found in _where(lanes).values())
+
+
+def test_a_module_s_serverless_tests_may_leave_its_server_tests_lane_but_stay_together() -> None:
+    tests = [("a::s1", "a", ["smol"]), ("a::x", "a", []), ("a::y", "a", []), ("b::g", "b", ["gemma"])]
+    weights = Weights(tests={"a::s1": 300, "a::x": 50, "a::y": 50, "b::g": 10}, starts={"smol": 30, "gemma": 30})
+    lanes = assign(tests, 2, weights)
+    assert lanes["a::s1"] == 1 and lanes["a::x"] == lanes["a::y"] == 2 and lanes["b::g"] == 2
+
+
+def test_unmeasured_tests_and_servers_get_a_default_weight_and_the_split_is_stable() -> None:
+    weights = Weights()
+    assert weights.test("new::t") == UNKNOWN_TEST_S and weights.start("new-server") == UNKNOWN_START_S
+    assert assign(TESTS, 3, weights) == assign(list(TESTS), 3, weights)
+    assert sorted(assign(TESTS, 3, weights)) == sorted(t for t, _, _ in TESTS)
+
+
+def test_the_weights_file_is_read_and_a_broken_one_names_the_file(tmp_path: Path) -> None:
+    good = tmp_path / "w.json"
+    good.write_text(json.dumps({"measured": "here", "tests": {"a::b": 3}, "starts": {"smol": 40}}))
+    read = read_weights(good)
+    assert read is not None and read.test("a::b") == 3 and read.start("smol") == 40 and read.measured == "here"
+    assert read_weights(tmp_path / "absent.json") is None
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"tests": 3}')
+    with pytest.raises(ValueError, match=r"bad\.json: not a lane weights file"):
+        read_weights(bad)
+
+
+def test_the_committed_weights_are_readable_and_name_only_tests_that_exist() -> None:
+    weights = read_weights()
+    assert weights is not None and weights.measured
+    test_files = {test.split("::", 1)[0] for test in weights.tests}
+    root = Path(__file__).resolve().parent.parent
+    assert all((root / name).is_file() for name in test_files), sorted(n for n in test_files if not (root / n).is_file())
+
+
+def _where(lanes: dict[str, int]) -> dict[str, set[int]]:
+    where: dict[str, set[int]] = {}
+    for test, _, servers in TESTS:
+        for name in servers:
+            where.setdefault(name, set()).add(lanes[test])
+    return where
+
+
+def _server_lanes(lanes: dict[str, int]) -> dict[str, int]:
+    return {name: next(iter(found)) for name, found in _where(lanes).items()}
