@@ -11,11 +11,8 @@ UNIT_RUN := $(IN_ENV) python -m pytest -q -m "not integration and not sim_image"
 demo:            ## the main job: CPU server, every notebook headless, a report folder
 	$(IN_ENV) cookbook demo
 
-test: setup browser  ## the whole test suite, real CPU servers and a real browser included: the unit tests on every core, then the rest in two lanes at once
-	@status=0; \
-	$(UNIT_RUN) || status=$$?; \
-	$(IN_ENV) scripts/test-lanes.sh 2 -m "integration or sim_image" || status=$$?; \
-	exit $$status
+test: setup browser  ## the whole test suite, real CPU servers and a real browser included: the unit tests on every core and the rest in two lanes, all at once
+	$(IN_ENV) scripts/test-all.sh 2
 
 unit:            ## tests that need no server and no simulated image (the quick loop), on every core (pytest-xdist)
 	$(UNIT_RUN)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `make test`: the unit run (every core, pytest-xdist) and the server tests in N lanes (scripts/test-lanes.sh), at
+# once. The unit run leaves a third of the two cores idle and the lanes begin with vLLM start-ups, so started
+# together they fill the cores from the first second. The unit run prints live; the lanes' output follows it, live
+# from there on. Exit status: the unit run's if it failed, else the lanes'.
+#
+#   scripts/in-env.sh scripts/test-all.sh 2
+#
+# Ctrl-C stops both (each lane's guard then stops its servers).
+set -uo pipefail
+lanes="${1:?usage: $0 N}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+log="$(mktemp)"
+"$here/test-lanes.sh" "$lanes" -m "integration or sim_image" >"$log" 2>&1 &
+lanes_pid=$!
+# A background job of a script starts with SIGINT ignored, so Ctrl-C reaches the lanes as SIGTERM (test-lanes.sh
+# stops every lane on either).
+trap 'kill -TERM "$lanes_pid" 2>/dev/null; wait "$lanes_pid"; rm -f "$log"; exit 130' INT TERM
+python -m pytest -q -m "not integration and not sim_image" -n auto
+unit=$?
+tail -n +1 --pid="$lanes_pid" -f "$log"
+wait "$lanes_pid"
+status=$?
+rm -f "$log"
+if [ "$unit" -ne 0 ]; then exit "$unit"; fi
+exit "$status"
