@@ -1,6 +1,6 @@
 """Where the test suite's time goes: one full run (or any pytest selection), timed per test and per server.
 
-    scripts/in-env.sh python benchmarks/suite_time.py                  # the whole suite, as `make test` runs it
+    scripts/in-env.sh python benchmarks/suite_time.py                  # the whole suite, as `make test` runs it (lanes)
     scripts/in-env.sh python benchmarks/suite_time.py -- -m "not integration"
     scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl   # print the table of an earlier run
     scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl --weights tests/lane_weights.json
@@ -123,6 +123,13 @@ def server_cpu_lines(tests: dict[str, dict[str, Any]], top: int = 20) -> list[st
     return lines
 
 
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def lane_weights(path: Path, measured: str) -> dict[str, Any]:
     """The lanes' weights from a time log: each server-run test's seconds (setup + call + teardown) and each
     server's start-up (asked for to /health), rounded; the unit run's tests are not in the lanes and are left out."""
@@ -132,8 +139,8 @@ def lane_weights(path: Path, measured: str) -> dict[str, Any]:
     return {"measured": measured, "starts": dict(sorted(starts.items())), "tests": dict(sorted(lane_tests.items()))}
 
 
-# What `make test` runs (the Makefile): the unit tests on every core, then the rest in one process.
-MAKE_TEST_RUNS = [["-m", "not integration and not sim_image", "-n", "auto"], ["-m", "integration or sim_image"]]
+# What `make test` runs (the Makefile): the unit run and the server tests' two lanes, at once.
+MAKE_TEST = [str(REPO / "scripts" / "test-all.sh"), "2"]
 
 
 def main() -> int:
@@ -141,7 +148,8 @@ def main() -> int:
     parser.add_argument("--from", dest="source", type=Path, help="print the table of an earlier run's times file")
     parser.add_argument("--times", type=Path, help="where to write this run's times (default a temporary file)")
     parser.add_argument("--weights", type=Path, help="also write the lanes' weights (tests/lane_weights.json) from the run")
-    parser.add_argument("--measured", default="", help="with --weights: what the weights were measured on (date, machine)")
+    parser.add_argument("--measured", default="", help="with --weights: what the weights were measured on (default: today, "
+                        "this CPU and its core count)")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite, as `make test` runs it)")
     args = parser.parse_args()
     if args.source:
@@ -156,9 +164,8 @@ def main() -> int:
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.monotonic()
     env = {**os.environ, "COOKBOOK_TEST_TIMES": str(times)}
-    runs = [args.pytest_args] if args.pytest_args else MAKE_TEST_RUNS
-    codes = [subprocess.call([sys.executable, "-m", "pytest", "-q", *run], cwd=REPO, env=env) for run in runs]
-    code = next((c for c in codes if c), 0)
+    command = [sys.executable, "-m", "pytest", "-q", *args.pytest_args] if args.pytest_args else MAKE_TEST
+    code = subprocess.call(command, cwd=REPO, env=env)
     wall = time.monotonic() - started
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(table(times, wall, f"{load_before} / {load_after}"))
@@ -169,6 +176,8 @@ def main() -> int:
 
 
 def write_weights(path: Path, weights: dict[str, Any]) -> None:
+    if not weights["measured"]:
+        weights["measured"] = f"{time.strftime('%Y-%m-%d')}, {_cpu_model()}, {os.cpu_count()} CPUs"
     path.write_text(json.dumps(weights, indent=1) + "\n")
     print(f"lane weights: {len(weights['tests'])} tests, {len(weights['starts'])} servers -> {path}")
 
