@@ -3,7 +3,8 @@
 # ($COOKBOOK_CACHE, default ~/.cache/gaudi-cookbook), outside the checkout.
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
-# The tests that need no server and no simulated image, on every core (pytest-xdist): `make unit`, and the first run of `make test`
+# The tests that need no server and no simulated image, on every core (pytest-xdist): `make unit` (scripts/test-all.sh
+# runs the same selection beside the lanes for `make test`)
 UNIT_RUN := $(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto
 
 .PHONY: demo test test-fast unit sim lock setup hooks lint notebooks-sync lab browser
