@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,29 @@ def _where(lanes: dict[str, int]) -> dict[str, set[int]]:
 
 def _server_lanes(lanes: dict[str, int]) -> dict[str, int]:
     return {name: next(iter(found)) for name, found in _where(lanes).items()}
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+# Stands in for `python -m pytest ...`: says which run it is and exits as the test asks.
+args="$*"
+case "$args" in
+  *--lane*) lane="${args##*--lane }"; echo "lane ${lane%%/*} ran"; exit "${LANE_EXIT:-0}" ;;
+  *) sleep 0.5; echo "unit ran"; exit "${UNIT_EXIT:-0}" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("unit", "lanes", "status"), [(0, 0, 0), (1, 0, 1), (0, 3, 3), (2, 3, 2)])
+def test_make_tests_script_runs_both_prints_the_unit_run_first_and_exits_with_the_first_failure(
+        tmp_path: Path, unit: int, lanes: int, status: int) -> None:
+    """scripts/test-all.sh (what `make test` runs): the unit run and the lanes at once, each one's output whole."""
+    stub = tmp_path / "python"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "UNIT_EXIT": str(unit),
+           "LANE_EXIT": str(lanes)}
+    script = Path(__file__).resolve().parent.parent / "scripts" / "test-all.sh"
+    done = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, env=env, timeout=60)
+    lines = [line for line in done.stdout.splitlines() if "ran" in line]
+    assert lines[0] == "unit ran" and "lane 1 ran" in lines and "lane 2 ran" in lines, done.stdout
+    assert done.returncode == status, (done.stdout, done.stderr)
