@@ -3,7 +3,8 @@
     scripts/in-env.sh python benchmarks/suite_time.py                  # the whole suite, as `make test` runs it (lanes)
     scripts/in-env.sh python benchmarks/suite_time.py -- -m "not integration"
     scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl   # print the table of an earlier run
-    scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl --weights tests/lane_weights.json
+    scripts/in-env.sh python benchmarks/suite_time.py --from times.jsonl --weights tests/lane_weights.json \
+        --measured "2026-12-06, make test, 2-vCPU Xeon with AMX, warm cache"
 
 The run writes COOKBOOK_TEST_TIMES (tests/conftest.py: one JSON line per test phase; tests/servers.py: one per
 server, with when it was asked for, when it answered /health, when it stopped, and how long tests waited for it)
@@ -123,13 +124,6 @@ def server_cpu_lines(tests: dict[str, dict[str, Any]], top: int = 20) -> list[st
     return lines
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def lane_weights(path: Path, measured: str) -> dict[str, Any]:
     """The lanes' weights from a time log: each server-run test's seconds (setup + call + teardown) and each
     server's start-up (asked for to /health), rounded; the unit run's tests are not in the lanes and are left out."""
@@ -148,10 +142,12 @@ def main() -> int:
     parser.add_argument("--from", dest="source", type=Path, help="print the table of an earlier run's times file")
     parser.add_argument("--times", type=Path, help="where to write this run's times (default a temporary file)")
     parser.add_argument("--weights", type=Path, help="also write the lanes' weights (tests/lane_weights.json) from the run")
-    parser.add_argument("--measured", default="", help="with --weights: what the weights were measured on (default: today, "
-                        "this CPU and its core count)")
+    parser.add_argument("--measured", default="", help="with --weights (and needed by it): what the weights were measured "
+                        "on, e.g. '2026-12-06, make test, 2-vCPU Xeon, warm cache'")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite, as `make test` runs it)")
     args = parser.parse_args()
+    if args.weights and not args.measured:
+        parser.error("--weights: give --measured too (the date and machine the weights come from)")
     if args.source:
         if not args.source.is_file():
             parser.error(f"--from: {args.source}: no such file")
@@ -176,8 +172,6 @@ def main() -> int:
 
 
 def write_weights(path: Path, weights: dict[str, Any]) -> None:
-    if not weights["measured"]:
-        weights["measured"] = f"{time.strftime('%Y-%m-%d')}, {_cpu_model()}, {os.cpu_count()} CPUs"
     path.write_text(json.dumps(weights, indent=1) + "\n")
     print(f"lane weights: {len(weights['tests'])} tests, {len(weights['starts'])} servers -> {path}")
 

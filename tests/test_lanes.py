@@ -24,11 +24,7 @@ def test_servers_needed_together_are_one_group() -> None:
 
 
 def test_every_server_is_in_exactly_one_lane() -> None:
-    lanes = assign(TESTS, 3)
-    where: dict[str, set[int]] = {}
-    for test, _, servers in TESTS:
-        for name in servers:
-            where.setdefault(name, set()).add(lanes[test])
+    where = _where(assign(TESTS, 3))
     assert all(len(found) == 1 for found in where.values()), where
     assert where["smol"] == where["hybrid"] == where["small-pool"] == {1}  # the session's group: the first lane
     assert [where[n] for n in ("gemma", "oracle-rope-theta", "too-long")] == [{2}, {3}, {2}]  # round-robin
