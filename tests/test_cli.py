@@ -166,6 +166,14 @@ def test_a_command_is_imported_only_when_used() -> None:
     assert done.stdout.strip().splitlines()[-1] == "['cookbook.cli.compare']"
 
 
+def test_the_checks_import_without_jsonschema() -> None:
+    """jsonschema's import loads its format checkers (about a second of CPU): only the json-schema check needs it, when
+    it judges a reply, so `cookbook verify`, the kernels and every test process start without it."""
+    code = ("import sys\nimport cookbook.checks, cookbook.cli.verify, cookbook.batch, cookbook.session\n"
+            "print('jsonschema' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "False"
+
 # -- --base-url, RECIPE, --out, --hardware, --param ---------------------------------------------------------------
 
 

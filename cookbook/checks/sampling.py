@@ -25,8 +25,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import jsonschema
-
 from ..errors import CookbookError
 from ..results import Evidence
 from .basic import Reply, answer_budget, chat, chat_all, excerpt, no_answer_note, user
@@ -268,6 +266,10 @@ def json_schema_probe(ctx: CheckContext) -> Probe:
         except ValueError:
             why = f"cut off at max_tokens {budget}" if truncated else f"finish_reason {reply.finish_reason}"
             return reply.evidence(f"not JSON ({why})")
+        # Imported here, not with the module: jsonschema loads its format checkers (about 1 s of CPU, measured on a
+        # 2-vCPU Xeon), which every process importing the checks (each `cookbook` command, pytest, a kernel) paid.
+        import jsonschema
+
         error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(CITY_SCHEMA).iter_errors(value))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
