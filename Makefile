@@ -3,9 +3,6 @@
 # ($COOKBOOK_CACHE, default ~/.cache/gaudi-cookbook), outside the checkout.
 SHELL := /bin/bash
 IN_ENV := scripts/in-env.sh
-# The tests that need no server and no simulated image, on every core (pytest-xdist): `make unit` (scripts/test-all.sh
-# runs the same selection beside the lanes for `make test`)
-UNIT_RUN := $(IN_ENV) python -m pytest -q -m "not integration and not sim_image" -n auto
 
 .PHONY: demo test test-fast unit sim lock setup hooks lint notebooks-sync lab browser
 
@@ -16,7 +13,7 @@ test: setup browser  ## the whole test suite, real CPU servers and a real browse
 	$(IN_ENV) scripts/test-all.sh 2
 
 unit:            ## tests that need no server and no simulated image (the quick loop), on every core (pytest-xdist)
-	$(UNIT_RUN)
+	$(IN_ENV) scripts/test-all.sh 0
 
 sim:             ## the v0.26.0 fixes' reproducers on the simulated vllm-gaudi image (built once in the cache)
 	$(IN_ENV) python -m pytest -q -m sim_image

@@ -2,23 +2,15 @@
 name vLLM, so the reproducers, the transformers reference and lm-eval must be told apart before the catch-all."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts_under_test import load_script
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu_by_process.py"
 CACHE = "/root/.cache/gaudi-cookbook"
-
-
-def _load():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("cpu_by_process", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+cpu_by_process = load_script(SCRIPT)
 
 
 @pytest.mark.parametrize(("cmdline", "kind"), [
@@ -34,4 +26,4 @@ def _load():  # type: ignore[no-untyped-def]
     ("VLLM::EngineCore", "vllm engine core"),
 ], ids=["reproducer", "sim-fix-step", "reference", "lm-eval", "cpu-fix-step", "api-server", "engine-core"])
 def test_each_process_gets_its_kind(cmdline: str, kind: str) -> None:
-    assert _load()._kind(cmdline) == kind
+    assert cpu_by_process._kind(cmdline) == kind

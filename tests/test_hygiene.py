@@ -4,34 +4,24 @@ same way, and every notebook's paired text form (notebooks/text/*.py) is in step
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import nbformat
 import pytest
 import yaml
 
+from scripts_under_test import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "notebook_hygiene.py"
 # What `make lint` checks; ruff reads its rules and mypy its files and flags from pyproject.toml.
 RUFF_PATHS = ["cookbook", "fixes", "scripts", "tests", "benchmarks", "notebooks/text"]
-
-
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("notebook_hygiene", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-hygiene = _load_script()
+hygiene = load_script(SCRIPT)
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

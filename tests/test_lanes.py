@@ -131,17 +131,27 @@ esac
 """
 
 
+def _test_all(tmp_path: Path, lanes: str, **exits: str) -> subprocess.CompletedProcess[str]:
+    """scripts/test-all.sh LANES with the stand-in python first on PATH, exiting as `exits` say."""
+    stub = tmp_path / "python"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **exits}
+    script = Path(__file__).resolve().parent.parent / "scripts" / "test-all.sh"
+    return subprocess.run(["bash", str(script), lanes], capture_output=True, text=True, env=env, timeout=60)
+
+
 @pytest.mark.parametrize(("unit", "lanes", "status"), [(0, 0, 0), (1, 0, 1), (0, 3, 3), (2, 3, 2)])
 def test_make_tests_script_runs_both_prints_the_unit_run_first_and_exits_with_the_first_failure(
         tmp_path: Path, unit: int, lanes: int, status: int) -> None:
     """scripts/test-all.sh (what `make test` runs): the unit run and the lanes at once, each one's output whole."""
-    stub = tmp_path / "python"
-    stub.write_text(STUB_PYTHON)
-    stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "UNIT_EXIT": str(unit),
-           "LANE_EXIT": str(lanes)}
-    script = Path(__file__).resolve().parent.parent / "scripts" / "test-all.sh"
-    done = subprocess.run(["bash", str(script), "2"], capture_output=True, text=True, env=env, timeout=60)
+    done = _test_all(tmp_path, "2", UNIT_EXIT=str(unit), LANE_EXIT=str(lanes))
     lines = [line for line in done.stdout.splitlines() if "ran" in line]
     assert lines[0] == "unit ran" and "lane 1 ran" in lines and "lane 2 ran" in lines, done.stdout
     assert done.returncode == status, (done.stdout, done.stderr)
+
+
+def test_zero_lanes_is_the_unit_run_alone(tmp_path: Path) -> None:
+    """`make unit` is scripts/test-all.sh 0: the same unit run as `make test`'s, and no lane."""
+    done = _test_all(tmp_path, "0", UNIT_EXIT="4")
+    assert [line for line in done.stdout.splitlines() if "ran" in line] == ["unit ran"] and done.returncode == 4

@@ -3,7 +3,6 @@ it must equal the committed file, so a field added or described differently (the
 `scripts/in-env.sh python scripts/recipe_reference.py` is rerun."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +11,15 @@ from pydantic import BaseModel
 
 from cookbook.recipes import Recipe
 
+from scripts_under_test import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "recipe_reference.py"
 DOC = ROOT / "docs" / "recipe-reference.md"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("recipe_reference", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _generator():  # type: ignore[no-untyped-def]
+    return load_script(SCRIPT)
 
 
 def _models() -> list[type[BaseModel]]:
