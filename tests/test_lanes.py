@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -122,8 +124,10 @@ def _server_lanes(lanes: dict[str, int]) -> dict[str, int]:
 
 
 STUB_PYTHON = """#!/usr/bin/env bash
-# Stands in for `python -m pytest ...`: says which run it is and exits as the test asks.
+# Stands in for `python -m pytest ...`: says which run it is and exits as the test asks, or (STUB_PIDS set) writes
+# its pid there and sleeps, for a test to stop it.
 args="$*"
+if [ -n "${STUB_PIDS:-}" ]; then echo "$$" >>"$STUB_PIDS"; exec sleep 120; fi
 case "$args" in
   *--lane*) lane="${args##*--lane }"; echo "lane ${lane%%/*} ran"; exit "${LANE_EXIT:-0}" ;;
   *) sleep 0.5; echo "unit ran"; exit "${UNIT_EXIT:-0}" ;;
@@ -131,14 +135,21 @@ esac
 """
 
 
-def _test_all(tmp_path: Path, lanes: str, **exits: str) -> subprocess.CompletedProcess[str]:
-    """scripts/test-all.sh LANES with the stand-in python first on PATH, exiting as `exits` say."""
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _stub_env(tmp_path: Path, **env: str) -> dict[str, str]:
+    """The environment with the stand-in python first on PATH."""
     stub = tmp_path / "python"
     stub.write_text(STUB_PYTHON)
     stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **exits}
-    script = Path(__file__).resolve().parent.parent / "scripts" / "test-all.sh"
-    return subprocess.run(["bash", str(script), lanes], capture_output=True, text=True, env=env, timeout=60)
+    return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **env}
+
+
+def _test_all(tmp_path: Path, lanes: str, **exits: str) -> subprocess.CompletedProcess[str]:
+    """scripts/test-all.sh LANES with the stand-in python, exiting as `exits` say."""
+    return subprocess.run(["bash", str(SCRIPTS / "test-all.sh"), lanes], capture_output=True, text=True,
+                          env=_stub_env(tmp_path, **exits), timeout=60)
 
 
 @pytest.mark.parametrize(("unit", "lanes", "status"), [(0, 0, 0), (1, 0, 1), (0, 3, 3), (2, 3, 2)])
@@ -155,3 +166,37 @@ def test_zero_lanes_is_the_unit_run_alone(tmp_path: Path) -> None:
     """`make unit` is scripts/test-all.sh 0: the same unit run as `make test`'s, and no lane."""
     done = _test_all(tmp_path, "0", UNIT_EXIT="4")
     assert [line for line in done.stdout.splitlines() if "ran" in line] == ["unit ran"] and done.returncode == 4
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(("script", "runs"), [("test-all.sh", 3), ("test-lanes.sh", 2)])
+def test_sigterm_stops_every_run_at_once(tmp_path: Path, script: str, runs: int) -> None:
+    """A CI runner's timeout sends SIGTERM: the script stops its unit run and every lane then, not after its
+    foreground run would have ended (bash defers a trap until its foreground command returns)."""
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen(["bash", str(SCRIPTS / script), "2"], env=_stub_env(tmp_path, STUB_PIDS=str(pids)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids.read_text().split() if pids.exists() else []) < runs:
+            assert time.monotonic() < deadline and proc.poll() is None, "the runs did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)  # the script is waiting now
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 130  # the runs sleep for 120 s: only the trap ends them this soon
+        started = [int(pid) for pid in pids.read_text().split()]
+        assert len(started) == runs and not [pid for pid in started if _alive(pid)], started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            if _alive(int(pid)):
+                os.kill(int(pid), signal.SIGKILL)
