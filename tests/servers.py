@@ -443,6 +443,15 @@ class Registry:
             running.cli_output.append(f"(the prefill-pace prompt failed: {exc})\n")
         return running
 
+    def own_server_env(self) -> dict[str, str]:
+        """The binding for a vLLM a test starts outside the registry: a lane's one core (vLLM's own binding would put
+        its worker on core 0, the other lane's), else nothing (vLLM's own)."""
+        allowed = sorted(os.sched_getaffinity(0))
+        if self.cores is None or len(self.cores) != 1 or self.cores[0] not in allowed or len(allowed) < 2 \
+                or BIND_VAR in os.environ:
+            return {}
+        return {BIND_VAR: str(self.cores[0])}
+
     def _pick_core(self, spec: Spec) -> int | None:
         """The core for a new server's worker: the one fewest live servers are bound to, and on a tie not the core of
         the server a test used last (the one most likely serving while this one starts). None leaves vLLM's own

@@ -737,7 +737,8 @@ def test_tiny_qwen3_5_serves_on_the_fixed_image(tmp_path: Path, servers: Registr
     _need_image()
     py = str(IMAGE / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
+               **servers.own_server_env())
     assert subprocess.run([py, str(APPLY_ALL), "--profile", "cpu-0.32.0"], env=env).returncode == 0
     from cookbook.models import ensure_model, verify_model
 

@@ -176,6 +176,19 @@ def test_a_set_binding_or_one_core_leaves_vllms_own(tmp_path: Path, monkeypatch:
     registry.guard.close()
 
 
+def test_a_tests_own_vllm_is_bound_to_its_lanes_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BIND_VAR, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    lane = Registry(tmp_path / "lane", cores=[1])
+    whole = Registry(tmp_path / "whole")
+    assert lane.own_server_env() == {BIND_VAR: "1"}  # not vLLM's core 0, the other lane's
+    assert whole.own_server_env() == {}  # one run on every core: vLLM's own binding
+    monkeypatch.setenv(BIND_VAR, "0")
+    assert lane.own_server_env() == {}  # a binding the caller set stays
+    lane.guard.close()
+    whole.guard.close()
+
+
 def test_a_test_that_needs_a_server_but_is_not_marked_integration_stops_the_run(tmp_path: Path) -> None:
     """The unit run (`-m "not integration"`, on every xdist worker) would otherwise start a real server in each worker
     ahead of it: the session's conftest refuses such a test at collection, naming it."""
