@@ -446,19 +446,23 @@ class Registry:
     def own_server_env(self) -> dict[str, str]:
         """The binding for a vLLM a test starts outside the registry: a lane's one core (vLLM's own binding would put
         its worker on core 0, the other lane's), else nothing (vLLM's own)."""
+        cores = self._bindable_cores()
+        return {BIND_VAR: str(cores[0])} if self.cores is not None and len(cores) == 1 else {}
+
+    def _bindable_cores(self) -> list[int]:
+        """The cores this registry may bind a worker to; none where vLLM's own binding stands (one core only, or the
+        variable already set)."""
         allowed = sorted(os.sched_getaffinity(0))
-        if self.cores is None or len(self.cores) != 1 or self.cores[0] not in allowed or len(allowed) < 2 \
-                or BIND_VAR in os.environ:
-            return {}
-        return {BIND_VAR: str(self.cores[0])}
+        if len(allowed) < 2 or BIND_VAR in os.environ:
+            return []
+        return [c for c in self.cores if c in allowed] if self.cores is not None else allowed
 
     def _pick_core(self, spec: Spec) -> int | None:
         """The core for a new server's worker: the one fewest live servers are bound to, and on a tie not the core of
         the server a test used last (the one most likely serving while this one starts). None leaves vLLM's own
         binding: one core only, or the variable already set."""
-        allowed = sorted(os.sched_getaffinity(0))
-        cores = [c for c in self.cores if c in allowed] if self.cores is not None else allowed
-        if len(allowed) < 2 or not cores or BIND_VAR in os.environ or BIND_VAR in spec.env:
+        cores = self._bindable_cores()
+        if not cores or BIND_VAR in spec.env:
             return None
         with self._lock:
             live = set(self._running) | set(self._starting)

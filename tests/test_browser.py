@@ -28,6 +28,8 @@ from cookbook.endpoint import Endpoint
 from cookbook.launch import free_port
 from cookbook.results import read_results
 
+from processes import alive
+
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +111,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
         log.close()
-        left = [pid for pid in kernels if _alive(pid)]
+        left = [pid for pid in kernels if alive(pid)]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         assert not left, f"JupyterLab left kernels running: {left}"
@@ -122,15 +124,6 @@ def _children(pid: int) -> list[int]:
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture(scope="module")

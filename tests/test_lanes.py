@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lanes import UNKNOWN_START_S, UNKNOWN_TEST_S, Weights, assign, lane_limits, parse_lane, read_weights, server_groups
+from processes import alive
 
 TESTS = [
     ("m1::a", "m1", []), ("m1::b", "m1", ["smol"]), ("m1::c", "m1", ["small-pool", "smol"]),
@@ -168,14 +169,6 @@ def test_zero_lanes_is_the_unit_run_alone(tmp_path: Path) -> None:
     assert [line for line in done.stdout.splitlines() if "ran" in line] == ["unit ran"] and done.returncode == 4
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize(("script", "runs"), [("test-all.sh", 3), ("test-lanes.sh", 2)])
 def test_sigterm_stops_every_run_at_once(tmp_path: Path, script: str, runs: int) -> None:
     """A CI runner's timeout sends SIGTERM: the script stops its unit run and every lane then, not after its
@@ -192,11 +185,11 @@ def test_sigterm_stops_every_run_at_once(tmp_path: Path, script: str, runs: int)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 130  # the runs sleep for 120 s: only the trap ends them this soon
         started = [int(pid) for pid in pids.read_text().split()]
-        assert len(started) == runs and not [pid for pid in started if _alive(pid)], started
+        assert len(started) == runs and not [pid for pid in started if alive(pid)], started
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for pid in pids.read_text().split() if pids.exists() else []:
-            if _alive(int(pid)):
+            if alive(int(pid)):
                 os.kill(int(pid), signal.SIGKILL)

@@ -19,6 +19,7 @@ import pytest
 
 from cookbook.progress import Event, LineRenderer, Task, run_reporting, session_pids
 
+from processes import alive
 from servers import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,14 +160,6 @@ def _fake_child(tmp_path: Path) -> Path:
     return script
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 class _Output:
     """A command's merged output, read by a thread: the test never blocks on a read, whatever the command does."""
 
@@ -269,9 +262,9 @@ def test_ctrl_c_during_a_set_up_stage_stops_its_child_and_exits_130(stage: str, 
         line = output.wait_for("still working")  # the child's own line, shown as its stage's progress
         assert line.startswith(stage_name), line
         child, grandchild = (int(pid) for pid in pids.read_text().split())
-        assert _alive(child) and _alive(grandchild)
+        assert alive(child) and alive(grandchild)
         _sigint_and_wait(proc, output)
-    assert session_pids(child) == [] and not _alive(child) and not _alive(grandchild)
+    assert session_pids(child) == [] and not alive(child) and not alive(grandchild)
 
 
 @pytest.mark.integration
