@@ -49,10 +49,18 @@ QUIET_PACE_S_PER_TOKEN = {CPU_RECIPE: 0.02, HYBRID_RECIPE: 0.02, GEMMA_RECIPE: 0
 SESSION_SERVERS = {"smol", "hybrid"}  # shared by the whole session; every other server is one module's own
 AHEAD = 1  # background starts at a time: a start is three processes importing vLLM, mostly one core each
 MAX_ALIVE = 4  # servers up at once, at most, counting the ones starting
+# A test server runs vLLM's engine and its model in one process: the engine core steps the model itself, one OpenMP
+# thread, on whichever core is free. vLLM's CPU launch runs the model in a worker process of its own, which costs a
+# third process's imports at every start and an engine core that spins on `sched_yield` through every step; neither
+# is anything a test asserts. Measured on the 2-vCPU Xeon (benchmarks/engine_layout.py, docs/testing.md): the same
+# tokens and logprobs to the last bit, a start about 9 s shorter, and the whole suite's busy CPU 1,991 s -> 1,481 s.
+# The recipes' own launches keep vLLM's layout, and so do the servers a spec marks `as_launched`.
+ONE_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
 # vLLM's CPU worker binds its OpenMP threads to one core, the same core for every server ("auto" takes core 0 on
-# this 2-vCPU machine): a server starting ahead then computes on the core the tests' server is serving on. Each test
-# server is given a core of its own choosing (the least taken, else not the last used server's) through this
-# variable, unless the environment or its spec already sets it. The recipes' own launches are left as they are.
+# this 2-vCPU machine): a server starting ahead then computes on the core the tests' server is serving on. Each
+# `as_launched` test server is given a core of its own choosing (the least taken, else not the last used server's)
+# through this variable, unless the environment or its spec already sets it. (vLLM reads it in the worker process
+# only: a one-process engine is not bound.)
 BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 AHEAD_MIN_FREE_GIB = 7.0  # a start ahead waits for this much available memory (a SmolLM2 server holds ~4.7 GB with
 #                           its 2 GiB KV pool, and vLLM refuses a pool the node cannot hold); a start a test waits for
@@ -69,6 +77,8 @@ class Spec:
     flags: Callable[[Recipe], dict[str, Any]] = lambda _recipe: {}  # extra `vllm serve` flags
     attach_var: str | None = None
     via_cli: bool = False  # started by `cookbook serve` in the foreground, as a user does (its Ctrl-C test stops it)
+    as_launched: bool = False  # vLLM's own process layout and binding, as the recipe's launch runs it; else the
+    #                            engine and its model in one process (ONE_PROCESS_ENGINE)
     why: str = ""
     cpu_any: tuple[str, ...] = ()  # it starts only on a CPU with one of these /proc/cpuinfo flags (vLLM refuses else)
     cpu_refusal: str = ""  # what vLLM says on a CPU without them
@@ -80,6 +90,11 @@ class Spec:
             return None
         return (f"{self.name}: this CPU has none of {', '.join(self.cpu_any)}, and vllm-cpu refuses the server on it "
                 f"({self.cpu_refusal!r})")
+
+    def server_env(self) -> dict[str, str]:
+        """What this test server's launch adds to the recipe's environment: `env`, and the one-process engine unless
+        the server runs as the recipe launches."""
+        return dict(self.env) if self.as_launched else {**ONE_PROCESS_ENGINE, **self.env}
 
     def recipe(self) -> Recipe:
         """The recipe this server serves (its environment changed as `env` says)."""
@@ -120,11 +135,12 @@ def _oracle_defect(name: str) -> Spec:
 
 SPECS: dict[str, Spec] = {spec.name: spec for spec in [
     Spec("smol", CPU_RECIPE, attach_var="COOKBOOK_TEST_BASE_URL", why="the session's SmolLM2 CPU recipe"),
-    Spec("hybrid", HYBRID_RECIPE, attach_var="COOKBOOK_TEST_HYBRID_URL", via_cli=True,
+    Spec("hybrid", HYBRID_RECIPE, attach_var="COOKBOOK_TEST_HYBRID_URL", via_cli=True, as_launched=True,
          why="the session's tiny Qwen3-Next hybrid, started by `cookbook serve` (tests/test_launch.py's Ctrl-C stops it)"),
     # The suite's longest test (800 loglikelihood requests, prompt logprobs, so no prefix-cache hit: 13 min on an
-    # AVX2-only host) on a SmolLM2 of its own, so a lane of its own can run it beside the session's tests.
-    Spec("accuracy", CPU_RECIPE, attach_var="COOKBOOK_TEST_ACCURACY_URL",
+    # AVX2-only host) on a SmolLM2 of its own, so a lane of its own can run it beside the session's tests. It checks
+    # the recipe's verified claim, so it runs the recipe's own process layout.
+    Spec("accuracy", CPU_RECIPE, attach_var="COOKBOOK_TEST_ACCURACY_URL", as_launched=True,
          why="the SmolLM2 CPU recipe as it launches, for the clean task-accuracy run alone"),
     Spec("small-pool", CPU_RECIPE, flags=lambda r: launch_flags(r, "engine-states"),
          why="a small KV pool and small prefill chunks: preemption and chunked prefill"),
@@ -395,17 +411,17 @@ class Registry:
         port = free_port()
         self._note(spec.name, port=port)  # benchmarks/cpu_by_process.py names a server's processes by it
         if spec.via_cli:
-            if spec.env or spec.flags(recipe):
+            if spec.server_env() or spec.flags(recipe):
                 raise ValueError(f"{spec.name}: a `cookbook serve` server takes the recipe as it is")
             argv = [sys.executable, "-m", "cookbook", "serve", recipe.id, "--port", str(port), "--run-dir", str(run_dir)]
         else:
-            launch = {"recipe": spec.recipe_id, "env": spec.env, "flags": spec.flags(recipe), "port": port,
+            launch = {"recipe": spec.recipe_id, "env": spec.server_env(), "flags": spec.flags(recipe), "port": port,
                       "run_dir": str(run_dir)}
             argv = [sys.executable, str(TESTS / "_serve.py"), json.dumps(launch)]
         # Its own process and session: the start reads the environment and modules that tests running meanwhile
         # change; the guard is told of it at once, and of the `vllm serve` session as soon as it runs.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        core = self._pick_core(spec)
+        core = self._pick_core(spec) if spec.as_launched else None
         if core is not None:
             env[BIND_VAR] = str(core)
             self._note(spec.name, core=core)

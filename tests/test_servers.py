@@ -17,7 +17,7 @@ import pytest
 from cookbook.launch import session_pids
 
 import servers as servers_mod
-from servers import BIND_VAR, SPECS, Registry, registry_server
+from servers import BIND_VAR, ONE_PROCESS_ENGINE, SPECS, Registry, Running, registry_server
 
 TESTS = Path(__file__).resolve().parent
 
@@ -142,6 +142,41 @@ def test_a_server_vllm_refuses_on_this_cpu_is_never_started_and_says_why(
 def test_every_spec_names_why_it_is_a_server_of_its_own() -> None:
     for spec in SPECS.values():
         assert spec.why, f"{spec.name}: say why this server exists"
+
+
+def test_test_servers_run_one_process_engines_and_the_as_launched_ones_vllms_layout() -> None:
+    for spec in SPECS.values():
+        if spec.as_launched:
+            assert spec.server_env() == spec.env, spec.name
+        else:
+            assert spec.server_env() == {**ONE_PROCESS_ENGINE, **spec.env}, spec.name
+        assert spec.as_launched or not spec.via_cli, f"{spec.name}: `cookbook serve` takes the recipe as it is"
+    # the recipe's verified claims and a user's `cookbook serve` run on the recipe's own layout
+    assert SPECS["accuracy"].as_launched and SPECS["hybrid"].as_launched
+    assert not SPECS["smol"].as_launched and not SPECS["small-pool"].as_launched
+
+
+def _titles(running: Running) -> list[str]:
+    titles = []
+    for pid in sorted({pid for sid in running.sessions for pid in session_pids(sid)}):
+        try:
+            titles.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"))
+        except OSError:
+            continue
+    return titles
+
+
+@pytest.mark.integration
+def test_the_session_servers_run_the_layouts_their_specs_say(cpu_launch: Running, hybrid_launch: Running) -> None:
+    if cpu_launch.cli is None or hybrid_launch.cli is None:
+        pytest.skip("attached to running servers: their processes are not ours")
+    smol, hybrid = _titles(cpu_launch), _titles(hybrid_launch)
+    assert "VLLM::EngineCore" in smol and not any("Worker" in title for title in smol), smol
+    assert "VLLM::EngineCore" in hybrid and "VLLM::Worker" in hybrid, hybrid
+    assert cpu_launch.log_path is not None
+    serve_line = next(ln for ln in cpu_launch.log_path.read_text(errors="replace").splitlines()
+                      if ln.startswith("$ ") and " serve " in ln)
+    assert all(f"{key}={value}" in serve_line for key, value in ONE_PROCESS_ENGINE.items()), serve_line
 
 
 def test_each_new_server_is_bound_to_the_least_taken_core_and_not_the_busy_one(
