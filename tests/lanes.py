@@ -12,11 +12,12 @@ With measured weights (`tests/lane_weights.json`, written by `benchmarks/suite_t
 log), the split balances the lanes' work instead: the session's group stays in lane 1, and every other unit (a server
 group with its servers' start-ups, or one module's tests that need no registry server, the simulated image's
 reproducers counting as one module since they share one fork server) goes, heaviest first, to the lane with the least
-work so far. The lanes share the machine's cores, and a lane's servers compute on its own core only, so a lane that
-ends early leaves its core idle while the longest one still runs.
+work so far. The lanes share the machine's cores, so a lane that ends early leaves work undone only if the longest
+one cannot use the freed core.
 
-Each lane binds its servers' workers to its own core and holds fewer servers at once (`lane_limits`), since the
-lanes share the machine's cores and memory.
+Each lane binds the workers of its servers that run vLLM's own layout to its own core (the others run their engine
+in one process, which vLLM does not bind: tests/servers.py) and holds fewer servers at once (`lane_limits`), since
+the lanes share the machine's cores and memory.
 """
 from __future__ import annotations
 
