@@ -25,27 +25,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from cookbook import recipes as recipes_mod  # noqa: E402
 from cookbook.endpoint import Endpoint  # noqa: E402
 from cookbook.launch import free_port, resolve_image, session_pids  # noqa: E402
 from cookbook.models import ensure_model, models_dir  # noqa: E402
 from cookbook.progress import kill_session  # noqa: E402
-from servers import ONE_PROCESS_ENGINE  # noqa: E402
+from server_start import wait_healthy  # noqa: E402
+from servers import ONE_PROCESS_ENGINE, _session_cpu  # noqa: E402
 
 LAYOUTS = {"as launched": {}, "one process": ONE_PROCESS_ENGINE}
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_s(session: int) -> float:
-    total = 0.0
-    for pid in session_pids(session):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
+    return _session_cpu({session: "server"})["server"]
 
 
 def _processes(session: int) -> int:
@@ -70,11 +64,7 @@ def one_run(recipe_id: str, layout: dict[str, str], prompts: list[str]) -> dict:
                             start_new_session=True)
     endpoint = Endpoint(f"http://127.0.0.1:{port}", recipe.served_model_name)
     try:
-        while not endpoint.healthy(timeout_s=1.0):
-            if proc.poll() is not None:
-                raise SystemExit(f"{recipe_id}: the server exited during start-up (exit {proc.returncode})")
-            time.sleep(0.05)
-        out: dict = {"start_s": time.monotonic() - started, "start_cpu_s": _cpu_s(proc.pid),
+        out: dict = {"start_s": wait_healthy(proc, endpoint, recipe_id) - started, "start_cpu_s": _cpu_s(proc.pid),
                      "processes": _processes(proc.pid)}
 
         def complete(prompt: str, max_tokens: int, logprobs: int | None) -> dict:

@@ -40,6 +40,15 @@ MARKERS = [
 ]
 
 
+def wait_healthy(proc: subprocess.Popen, endpoint: Endpoint, what: str) -> float:
+    """Poll /health every 50 ms until it answers (its time.monotonic()); SystemExit if the server exits first."""
+    while not endpoint.healthy(timeout_s=1.0):
+        if proc.poll() is not None:
+            raise SystemExit(f"{what}: the server exited during start-up (exit {proc.returncode})")
+        time.sleep(0.05)
+    return time.monotonic()
+
+
 def one_start(recipe_id: str) -> dict[str, float]:
     recipe = recipes_mod.load_recipe(recipe_id)
     stages: dict[str, float] = {}
@@ -80,11 +89,7 @@ def one_start(recipe_id: str) -> dict[str, float]:
     reader.start()
     endpoint = Endpoint(f"http://127.0.0.1:{port}", recipe.served_model_name)
     try:
-        while not endpoint.healthy(timeout_s=1.0):
-            if proc.poll() is not None:
-                raise SystemExit(f"{recipe_id}: the server exited during start-up (exit {proc.returncode})")
-            time.sleep(0.05)
-        healthy = time.monotonic()
+        healthy = wait_healthy(proc, endpoint, recipe_id)
     finally:
         kill_session(proc)  # type: ignore[arg-type]
         endpoint.close()
