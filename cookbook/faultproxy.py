@@ -554,7 +554,11 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self._proxy()
 
         def _proxy(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            except OSError:  # the client went away mid-body (a test's deadline, a reset): nothing to answer
+                self.close_connection = True
+                return
             try:
                 body: Any = json.loads(raw) if raw else None
             except ValueError:

@@ -6,7 +6,10 @@ the server only to show what the proxy forwards. What each fault does to the rea
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -211,6 +214,22 @@ def test_kill_refuses_every_later_connection(upstream: _Upstream) -> None:
         with pytest.raises(httpx2.ConnectError):
             httpx2.get(f"{proxy.base_url}/health", timeout=5)
         assert proxy.killed
+
+
+def test_a_client_reset_mid_body_is_dropped_quietly(upstream: _Upstream, capfd: pytest.CaptureFixture[str]) -> None:
+    """A client that resets its connection before its body arrives (a deadline ran out) leaves no traceback in the
+    run's output, and the proxy serves the next request."""
+    with FaultProxy(upstream.url) as proxy:
+        client = socket.create_connection(("127.0.0.1", proxy.port))
+        client.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: 1000\r\n\r\n{\"model\"")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        client.close()
+        assert _chat(proxy).status_code == 200
+        deadline = time.monotonic() + 5  # the reset connection's handler has ended once no connection is open
+        while proxy._connections and time.monotonic() < deadline:
+            time.sleep(0.02)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "ConnectionResetError" not in out + err, err
 
 
 def test_chain_and_adapter(upstream: _Upstream) -> None:

@@ -151,9 +151,9 @@ def test_test_servers_run_one_process_engines_and_the_as_launched_ones_vllms_lay
         else:
             assert spec.server_env() == {**ONE_PROCESS_ENGINE, **spec.env}, spec.name
         assert spec.as_launched or not spec.via_cli, f"{spec.name}: `cookbook serve` takes the recipe as it is"
-    # the recipe's verified claims and a user's `cookbook serve` run on the recipe's own layout
-    assert SPECS["accuracy"].as_launched and SPECS["hybrid"].as_launched
-    assert not SPECS["smol"].as_launched and not SPECS["small-pool"].as_launched
+    # a user's `cookbook serve` runs on the recipe's own layout; the numbers the other servers give are the same
+    assert SPECS["hybrid"].as_launched and SPECS["hybrid"].via_cli
+    assert not [name for name, spec in SPECS.items() if spec.as_launched and name != "hybrid"]
 
 
 def _titles(running: Running) -> list[str]:
