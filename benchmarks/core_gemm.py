@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 DTYPES = ("float32", "bfloat16", "float16")
+REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 _CHILD = r"""
 import json, os, sys, time, torch
@@ -57,8 +58,21 @@ def flops_per_token(config: dict) -> tuple[int, int]:
 def gflops(python: Path, cores: list[int], dtype: str, shape: tuple[int, int, int], seconds: float) -> list[float]:
     """One thread per core in `cores`, all at once: each one's GFLOP/s."""
     procs = [subprocess.Popen([str(python), "-c", _CHILD, str(core), dtype, *map(str, shape), str(seconds)],
-                              stdout=subprocess.PIPE, text=True) for core in cores]
-    return [float(json.loads(p.communicate()[0])) for p in procs]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for core in cores]
+    speeds = []
+    for core, proc in zip(cores, procs):
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"{dtype} matmul {shape} on core {core}: {last}")
+        speeds.append(float(json.loads(out)))
+    return speeds
+
+
+def text_config(config: dict) -> dict:
+    """The language model's part of a config (a multimodal checkpoint nests it under text_config)."""
+    inner = config.get("text_config")
+    return {**config, **inner} if isinstance(inner, dict) else config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,16 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="torch dtypes, comma-separated")
     parser.add_argument("--seconds", type=float, default=4.0, help="time per measurement (default: 4)")
     args = parser.parse_args(argv)
+    dtypes = args.dtypes.split(",")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        print(f"core_gemm: --dtypes: {unknown[0]!r} is not one of {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
     folder = args.model or models_dir() / "smollm2-135m-instruct"
     config_path = folder / "config.json"
     if not config_path.is_file():
         print(f"core_gemm: --model: no config.json in {folder}", file=sys.stderr)
         return 2
-    config = json.loads(config_path.read_text())
-    dtypes = args.dtypes.split(",")
-    unknown = [d for d in dtypes if d not in DTYPES]
-    if unknown:
-        print(f"core_gemm: --dtypes: {unknown[0]!r} is not one of {', '.join(DTYPES)}", file=sys.stderr)
+    config = text_config(json.loads(config_path.read_text()))
+    missing = [key for key in REQUIRED if key not in config]
+    if missing:
+        print(f"core_gemm: {config_path}: no {missing[0]!r}", file=sys.stderr)
         return 2
     python = ensure_cpu_image().python
     cores = sorted(os.sched_getaffinity(0))
@@ -93,16 +111,20 @@ def main(argv: list[str] | None = None) -> int:
           f"with the vocabulary projection at every position; cores {cores}; one thread each")
     print(f"\n{'dtype':9} {'shape':11} {'alone, per core (GFLOP/s)':>27} {'all cores at once':>18}")
     ceilings = []
-    for dtype in dtypes:
-        slowest = {}
-        for name, shape in shapes.items():
-            alone = [gflops(python, [core], dtype, shape, args.seconds)[0] for core in cores]
-            together = gflops(python, cores, dtype, shape, args.seconds)
-            slowest[name] = min(alone)
-            print(f"{dtype:9} {name:11} {', '.join(f'{g:.1f}' for g in alone):>27} "
-                  f"{', '.join(f'{g:.1f}' for g in together):>18}")
-        seconds_per_token = stack / (slowest["MLP up"] * 1e9) + (with_vocab - stack) / (slowest["vocabulary"] * 1e9)
-        ceilings.append(f"{dtype} {1 / seconds_per_token:,.0f} tokens/s")
+    try:
+        for dtype in dtypes:
+            slowest = {}
+            for name, shape in shapes.items():
+                alone = [gflops(python, [core], dtype, shape, args.seconds)[0] for core in cores]
+                together = gflops(python, cores, dtype, shape, args.seconds)
+                slowest[name] = min(alone)
+                print(f"{dtype:9} {name:11} {', '.join(f'{g:.1f}' for g in alone):>27} "
+                      f"{', '.join(f'{g:.1f}' for g in together):>18}")
+            seconds_per_token = stack / (slowest["MLP up"] * 1e9) + (with_vocab - stack) / (slowest["vocabulary"] * 1e9)
+            ceilings.append(f"{dtype} {1 / seconds_per_token:,.0f} tokens/s")
+    except RuntimeError as exc:
+        print(f"core_gemm: {exc}", file=sys.stderr)
+        return 1
     print(f"\nprompt-logprob prefill on one core, linear layers alone: at most {', '.join(ceilings)}")
     return 0
 

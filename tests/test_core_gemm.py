@@ -1,5 +1,5 @@
 """benchmarks/core_gemm.py counts a model's linear-layer FLOPs per token from its config (grouped KV heads, an explicit
-head_dim, the vocabulary projection) and refuses a folder without a config, naming the flag."""
+head_dim, the vocabulary projection, a multimodal text_config) and refuses bad input in one line naming the flag or field."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,3 +37,14 @@ def test_an_unknown_dtype_is_refused_naming_the_flag(tmp_path: Path, capsys: pyt
     (tmp_path / "config.json").write_text("{}")
     assert core_gemm.main(["--model", str(tmp_path), "--dtypes", "float32,fp33"]) == 2
     assert capsys.readouterr().err.strip() == "core_gemm: --dtypes: 'fp33' is not one of float32, bfloat16, float16"
+
+
+def test_a_config_without_a_needed_field_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    assert core_gemm.main(["--model", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"core_gemm: {tmp_path / 'config.json'}: no 'intermediate_size'"
+
+
+def test_a_multimodal_config_is_read_from_its_text_config() -> None:
+    nested = {"model_type": "gemma3", "text_config": SMOLLM2}
+    assert core_gemm.flops_per_token(core_gemm.text_config(nested)) == core_gemm.flops_per_token(SMOLLM2)
