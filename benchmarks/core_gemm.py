@@ -10,8 +10,8 @@ then on every core at once (are the cores independent, or siblings sharing one c
 config it counts the linear layers' FLOPs per token, with the vocabulary projection at every position as prompt
 logprobs need it, and prints the tokens per second one core could prefill at the slower core's measured speeds, every
 decoder projection at the MLP's speed (the smaller attention projections run no faster), attention, norms and sampling
-left out: a ceiling no server on this host passes, to set beside what the suite's servers
-did. Without native bf16 (an AVX2-only CPU) a bf16 matmul is emulated and takes a minute or more here."""
+left out: a ceiling no server on this host passes, to set beside what the suite's servers did. Without native bf16
+(an AVX2-only CPU) a bf16 matmul is emulated and takes a minute or more here."""
 from __future__ import annotations
 
 import argparse
@@ -23,6 +23,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from cookbook.batch import DEMO_RECIPE  # noqa: E402
+from cookbook.image import ensure_cpu_image  # noqa: E402
+from cookbook.models import ensure_model  # noqa: E402
+from cookbook.recipes import load_recipe  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
 REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -75,13 +80,17 @@ def text_config(config: dict) -> dict:
     return {**config, **inner} if isinstance(inner, dict) else config
 
 
-def main(argv: list[str] | None = None) -> int:
-    from cookbook.image import ensure_cpu_image
-    from cookbook.models import models_dir
+def demo_checkpoint() -> Path:
+    """The demo recipe's prepared weights, built once if the cache lacks them."""
+    weights = load_recipe(DEMO_RECIPE).serve.weights
+    assert weights is not None, f"{DEMO_RECIPE}: the demo recipe prepares its weights"
+    return ensure_model(weights.prepare, ensure_cpu_image())
 
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None,
-                        help="a checkpoint folder with config.json (default: the converted SmolLM2)")
+                        help="a checkpoint folder with config.json (default: the demo recipe's SmolLM2, built if absent)")
     parser.add_argument("--tokens", type=int, default=512, help="rows of the prefill chunk (default: 512)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="torch dtypes, comma-separated")
     parser.add_argument("--seconds", type=float, default=4.0, help="time per measurement (default: 4)")
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"core_gemm: --dtypes: {unknown[0]!r} is not one of {', '.join(DTYPES)}", file=sys.stderr)
         return 2
-    folder = args.model or models_dir() / "smollm2-135m-instruct"
+    folder = args.model or demo_checkpoint()
     config_path = folder / "config.json"
     if not config_path.is_file():
         print(f"core_gemm: --model: no config.json in {folder}", file=sys.stderr)
